@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests need when they are missing (CI runs on a fresh machine as
+# root). Nothing is installed when everything is already there.
+set -euo pipefail
+need=()
+command -v python3 >/dev/null || need+=(python3 python3-venv)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The project's test command (README line 2; .ci/run calls it). Installs what it needs, then runs:
+# formatting and lint checks, every Rust test (unit, property, integration against a real moto S3
+# server on 127.0.0.1, interop against the real mosaicml-streaming / webdataset / litdata), the
+# Python tests, and a short run of each fuzz target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "system packages"
+bash scripts/setup-system.sh
+
+step "python venv"
+bash scripts/setup-venv.sh
+export SHARDSTREAM_PYTHON="$root/.venv/bin/python"
+export SHARDSTREAM_MOTO_SERVER="$root/.venv/bin/moto_server"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked --no-fail-fast
+
+step "pytest"
+export SHARDSTREAM_BIN="$root/target/debug/shardstream"
+"$root/.venv/bin/python" -m pytest -q tests/python
+
+step "fuzz smoke"
+bash scripts/fuzz-smoke.sh
