@@ -1,0 +1,120 @@
+//! Building the `object_store` backend for a parsed [`StorageUrl`].
+
+use std::sync::Arc;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::local::LocalFileSystem;
+use object_store::ObjectStore;
+
+use crate::env::{Env, S3Settings};
+use crate::error::{Result, StorageError};
+use crate::options::StorageOptions;
+use crate::url::StorageUrl;
+
+/// Builds the store for `url`, configured from `env` and `options`.
+pub(crate) fn build(
+    url: &StorageUrl,
+    env: &Env,
+    options: &StorageOptions,
+) -> Result<Arc<dyn ObjectStore>> {
+    let config_error = |e: object_store::Error| StorageError::Config {
+        url: url.to_string(),
+        reason: e.to_string(),
+    };
+    match url {
+        StorageUrl::S3 { bucket, .. } => {
+            let settings = S3Settings::resolve(env, options)?;
+            tracing::debug!(
+                bucket,
+                endpoint = ?settings.endpoint,
+                region = %settings.region,
+                allow_http = settings.allow_http,
+                "opening S3 location"
+            );
+            let builder = AmazonS3Builder::new()
+                .with_client_options(options.client_options(settings.allow_http))
+                .with_retry(options.retry.to_retry_config());
+            let store = settings
+                .apply(builder)
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(config_error)?;
+            Ok(Arc::new(store))
+        }
+        StorageUrl::Gcs { bucket, .. } => {
+            let mut builder = GoogleCloudStorageBuilder::new()
+                .with_client_options(options.client_options(options.allow_http.unwrap_or(false)))
+                .with_retry(options.retry.to_retry_config());
+            for (key, value) in env.with_prefix("GOOGLE_") {
+                if let Ok(key) = key.to_ascii_lowercase().parse::<GoogleConfigKey>() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            if let Some(sa) = env.get("SERVICE_ACCOUNT") {
+                builder = builder.with_service_account_path(sa);
+            }
+            let store = builder
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(config_error)?;
+            Ok(Arc::new(store))
+        }
+        StorageUrl::Azure { base, .. } => {
+            let mut builder = MicrosoftAzureBuilder::new()
+                .with_client_options(options.client_options(options.allow_http.unwrap_or(false)))
+                .with_retry(options.retry.to_retry_config());
+            for (key, value) in env.with_prefix("AZURE_") {
+                if let Ok(key) = key.to_ascii_lowercase().parse::<AzureConfigKey>() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            let store = builder.with_url(base).build().map_err(config_error)?;
+            Ok(Arc::new(store))
+        }
+        StorageUrl::Local { .. } => {
+            // Rooted at `/` so the location's directory need not exist yet (writers create
+            // it); fsync so that a completed put is durable, as it is on S3.
+            Ok(Arc::new(LocalFileSystem::new().with_fsync(true)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_builds_without_network_or_credentials() {
+        let url = StorageUrl::S3 {
+            bucket: "b".into(),
+            prefix: String::new(),
+        };
+        let env = Env::from_pairs([("AWS_ENDPOINT_URL", "http://127.0.0.1:1")]);
+        let store = build(&url, &env, &StorageOptions::default()).unwrap();
+        assert!(store.to_string().contains("AmazonS3"), "{store}");
+    }
+
+    #[test]
+    fn remote_http_endpoint_is_refused_at_build_time() {
+        let url = StorageUrl::S3 {
+            bucket: "b".into(),
+            prefix: String::new(),
+        };
+        let env = Env::from_pairs([("AWS_ENDPOINT_URL", "http://10.1.2.3:9000")]);
+        let err = build(&url, &env, &StorageOptions::default()).unwrap_err();
+        assert!(matches!(err, StorageError::Config { .. }), "{err}");
+    }
+
+    #[test]
+    fn azure_account_comes_from_env() {
+        let url = StorageUrl::parse_in("az://cont/x", std::path::Path::new("/")).unwrap();
+        let env = Env::from_pairs([
+            ("AZURE_STORAGE_ACCOUNT_NAME", "acct"),
+            ("AZURE_STORAGE_ACCOUNT_KEY", "a2V5"),
+        ]);
+        let store = build(&url, &env, &StorageOptions::default()).unwrap();
+        assert!(store.to_string().contains("acct"), "{store}");
+    }
+}

@@ -1,0 +1,224 @@
+//! The crate's one error type, and the conversion of `object_store` errors into it.
+//!
+//! Every variant names the object (its full URL) or the local path it concerns, so that a
+//! message printed by the CLI is enough to find the culprit. Backend errors are converted once,
+//! here, at the edge of the crate ([`StorageError::from_backend`]).
+
+use std::error::Error as _;
+use std::path::PathBuf;
+
+use object_store::client::{HttpError, HttpErrorKind};
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the storage layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// The location string is not a URL or path we understand.
+    #[error("invalid storage URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The string as given.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A relative key or path would escape its root, or is malformed (`..`, empty component...).
+    #[error("unsafe object name {name:?}: {reason}")]
+    UnsafePath {
+        /// The name as given.
+        name: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The store could not be configured (credentials, endpoint, options).
+    #[error("cannot configure storage for {url}: {reason}")]
+    Config {
+        /// The location being opened.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The object does not exist.
+    #[error("object not found: {url}")]
+    NotFound {
+        /// Full URL of the object.
+        url: String,
+    },
+    /// A create-only write found the object already there.
+    #[error("object already exists: {url}")]
+    AlreadyExists {
+        /// Full URL of the object.
+        url: String,
+    },
+    /// The object changed between the requests of one multi-request read (its ETag moved).
+    #[error("object changed while it was being read: {url}")]
+    Changed {
+        /// Full URL of the object.
+        url: String,
+    },
+    /// The object's size is not what an earlier request or the caller said it was.
+    #[error("size mismatch for {url}: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        /// Full URL of the object.
+        url: String,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes seen.
+        actual: u64,
+    },
+    /// Credentials were refused or missing.
+    #[error("permission denied for {url}: {source}")]
+    PermissionDenied {
+        /// Full URL of the object.
+        url: String,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A request (after its retries) ran out of time.
+    #[error("timed out on {url}: {source}")]
+    Timeout {
+        /// Full URL of the object.
+        url: String,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The server could not be reached at all (connection refused, DNS failure), after retries.
+    #[error("cannot reach the storage server for {url}: {source}")]
+    Unreachable {
+        /// Full URL of the object.
+        url: String,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// Any other backend failure (5xx after retries, protocol errors, unsupported operations).
+    #[error("storage request failed for {url}: {source}")]
+    Backend {
+        /// Full URL of the object.
+        url: String,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The transfer was cancelled (its shared request semaphore was closed).
+    #[error("transfer cancelled: {url}")]
+    Cancelled {
+        /// Full URL of the object.
+        url: String,
+    },
+    /// A local file operation failed.
+    #[error("I/O error on {path}: {source}", path = path.display())]
+    Io {
+        /// The local path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A test harness (moto server, fault proxy) failed; only produced by the `testing` module.
+    #[error("test harness: {reason}")]
+    Harness {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl StorageError {
+    /// Converts a backend error about the object at `url` into a [`StorageError`].
+    pub fn from_backend(url: impl Into<String>, source: object_store::Error) -> Self {
+        let url = url.into();
+        match source {
+            object_store::Error::NotFound { .. } => Self::NotFound { url },
+            object_store::Error::AlreadyExists { .. } => Self::AlreadyExists { url },
+            object_store::Error::Precondition { .. } => Self::Changed { url },
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => Self::PermissionDenied { url, source },
+            other => match http_error_kind(&other) {
+                Some(HttpErrorKind::Timeout) => Self::Timeout { url, source: other },
+                Some(HttpErrorKind::Connect) => Self::Unreachable { url, source: other },
+                _ => Self::Backend { url, source: other },
+            },
+        }
+    }
+
+    /// Wraps a local I/O error with its path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// True for errors a later retry might cure (timeouts, unreachable server, 5xx).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::Unreachable { .. } | Self::Backend { .. }
+        )
+    }
+}
+
+/// Finds the transport error kind anywhere in the error's source chain.
+///
+/// `object_store` hides its retry error type, but the `HttpError` it wraps is public.
+fn http_error_kind(err: &object_store::Error) -> Option<HttpErrorKind> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = err.source();
+    while let Some(e) = current {
+        if let Some(http) = e.downcast_ref::<HttpError>() {
+            return Some(http.kind());
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return Some(HttpErrorKind::Timeout);
+            }
+        }
+        current = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_keeps_the_url() {
+        let err = StorageError::from_backend(
+            "s3://b/k",
+            object_store::Error::NotFound {
+                path: "k".into(),
+                source: "gone".into(),
+            },
+        );
+        assert!(matches!(&err, StorageError::NotFound { url } if url == "s3://b/k"));
+        assert_eq!(err.to_string(), "object not found: s3://b/k");
+    }
+
+    #[test]
+    fn precondition_means_changed() {
+        let err = StorageError::from_backend(
+            "s3://b/k",
+            object_store::Error::Precondition {
+                path: "k".into(),
+                source: "etag".into(),
+            },
+        );
+        assert!(matches!(err, StorageError::Changed { .. }));
+        assert!(!err.is_transient());
+    }
+
+    #[test]
+    fn io_timeout_in_chain_is_a_timeout() {
+        let source = object_store::Error::Generic {
+            store: "test",
+            source: Box::new(std::io::Error::new(std::io::ErrorKind::TimedOut, "slow")),
+        };
+        let err = StorageError::from_backend("s3://b/k", source);
+        assert!(matches!(err, StorageError::Timeout { .. }));
+        assert!(err.is_transient());
+    }
+}

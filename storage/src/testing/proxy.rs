@@ -1,0 +1,271 @@
+//! [`FaultProxy`]: a TCP proxy on loopback that injects faults below the HTTP client.
+//!
+//! Decorators cannot exercise `object_store`'s own retry loop, which runs inside its HTTP
+//! client. This proxy can: it answers `503 Slow Down` (S3's throttling reply) to the next N
+//! connections, or accepts connections and never answers (a hung server), and otherwise
+//! forwards bytes to the real server.
+//!
+//! Faults are decided per *connection*: a faulty reply closes its connection, so every
+//! retry arrives on a new one; a connection already forwarding keeps forwarding. Arm the
+//! faults before the client under test connects.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::error::{Result, StorageError};
+
+const SLOW_DOWN_BODY: &str =
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
+<Message>Please reduce your request rate.</Message></Error>";
+
+/// Largest request head the proxy reads before answering a fault.
+const MAX_HEAD: usize = 64 * 1024;
+
+#[derive(Debug)]
+struct State {
+    upstream: SocketAddr,
+    fail_next: AtomicUsize,
+    failed: AtomicUsize,
+    blackhole: AtomicBool,
+    bytes_per_sec: AtomicU64,
+}
+
+impl State {
+    fn take_failure(&self) -> bool {
+        self.fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// A fault-injecting TCP proxy; stops (with all its connections) when dropped.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free loopback port, forwarding to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| harness(format!("cannot bind proxy port: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| harness(format!("proxy has no address: {e}")))?;
+        let state = Arc::new(State {
+            upstream,
+            fail_next: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            blackhole: AtomicBool::new(false),
+            bytes_per_sec: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(accept_loop(listener, Arc::clone(&state)));
+        Ok(Self { addr, state, task })
+    }
+
+    /// `http://127.0.0.1:<port>`, to use as the S3 endpoint.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Answers `503 Slow Down` to the next `n` connections.
+    pub fn fail_next(&self, n: usize) {
+        self.state.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// While on, new connections are accepted and never answered.
+    pub fn set_blackhole(&self, on: bool) {
+        self.state.blackhole.store(on, Ordering::SeqCst);
+    }
+
+    /// Paces server-to-client bytes of new connections to `bytes_per_sec` (0: no limit): a
+    /// slow but live link, to check that timeouts do not kill progressing transfers.
+    pub fn set_bandwidth(&self, bytes_per_sec: u64) {
+        self.state
+            .bytes_per_sec
+            .store(bytes_per_sec, Ordering::SeqCst);
+    }
+
+    /// How many requests got a `503` so far.
+    pub fn failed(&self) -> usize {
+        self.state.failed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every connection task.
+        self.task.abort();
+    }
+}
+
+fn harness(reason: String) -> StorageError {
+    StorageError::Harness { reason }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(handle(stream, Arc::clone(&state)));
+                }
+                Err(e) => tracing::warn!(error = %e, "fault proxy accept failed"),
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn handle(mut client: TcpStream, state: Arc<State>) {
+    if state.blackhole.load(Ordering::SeqCst) {
+        // Swallow whatever arrives and never answer, until the client gives up.
+        let mut sink = [0u8; 4096];
+        while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+        return;
+    }
+    if state.take_failure() {
+        if read_request(&mut client).await.is_ok() {
+            state.failed.fetch_add(1, Ordering::SeqCst);
+            let reply = format!(
+                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{SLOW_DOWN_BODY}",
+                SLOW_DOWN_BODY.len()
+            );
+            let _ = client.write_all(reply.as_bytes()).await;
+            let _ = client.shutdown().await;
+        }
+        return;
+    }
+    let mut upstream = match TcpStream::connect(state.upstream).await {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            tracing::warn!(error = %e, "fault proxy cannot reach upstream");
+            return;
+        }
+    };
+    let rate = state.bytes_per_sec.load(Ordering::SeqCst);
+    if rate == 0 {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        return;
+    }
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let requests = async {
+        let _ = tokio::io::copy(&mut client_read, &mut upstream_write).await;
+        let _ = upstream_write.shutdown().await;
+    };
+    let responses = async {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = upstream_read.read(&mut buf).await {
+            let Some(data) = buf.get(..n).filter(|d| !d.is_empty()) else {
+                break;
+            };
+            if client_write.write_all(data).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
+        }
+        let _ = client_write.shutdown().await;
+    };
+    tokio::join!(requests, responses);
+}
+
+/// Reads one request (head, then a `Content-Length` body) so the client sees a clean reply.
+async fn read_request(stream: &mut TcpStream) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > MAX_HEAD || stream.read(&mut byte).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.extend_from_slice(&byte);
+    }
+    let mut remaining = content_length(&String::from_utf8_lossy(&head));
+    let mut buf = [0u8; 8192];
+    while remaining > 0 {
+        let want = remaining.min(buf.len());
+        let n = stream.read(buf.get_mut(..want).unwrap_or_default()).await?;
+        if n == 0 {
+            break;
+        }
+        remaining -= n;
+    }
+    Ok(())
+}
+
+fn content_length(head: &str) -> usize {
+    head.lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_is_case_insensitive() {
+        let head = "PUT /b/k HTTP/1.1\r\ncontent-length: 42\r\nHost: x\r\n\r\n";
+        assert_eq!(content_length(head), 42);
+        assert_eq!(content_length("GET / HTTP/1.1\r\n\r\n"), 0);
+    }
+
+    #[tokio::test]
+    async fn answers_slow_down_then_forwards() {
+        let upstream = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let upstream_addr = upstream.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = upstream.accept().await.unwrap();
+            let _ = read_request(&mut s).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+        });
+        let proxy = FaultProxy::start(upstream_addr).await.unwrap();
+        proxy.fail_next(1);
+        let first = roundtrip(proxy.addr()).await;
+        assert!(first.starts_with("HTTP/1.1 503"), "{first}");
+        assert!(first.contains("<Code>SlowDown</Code>"));
+        let second = roundtrip(proxy.addr()).await;
+        assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+        assert_eq!(proxy.failed(), 1);
+    }
+
+    async fn roundtrip(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /b/k HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = vec![0u8; 1024];
+        let mut total = 0;
+        loop {
+            let n = s.read(&mut out[total..]).await.unwrap();
+            total += n;
+            if n == 0 || String::from_utf8_lossy(&out[..total]).ends_with("ok") {
+                break;
+            }
+            if String::from_utf8_lossy(&out[..total]).contains("</Error>") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out[..total]).into_owned()
+    }
+}
