@@ -123,6 +123,15 @@ pub enum FormatError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A valid file uses a feature this build does not read (an encrypted LitData dataset, an
+    /// xz-compressed tar, a `bfloat16` tensor, ...).
+    #[error("{path}: unsupported: {what}")]
+    Unsupported {
+        /// The file.
+        path: String,
+        /// The feature, and where possible what to do instead.
+        what: String,
+    },
     /// An input record (a JSONL line, a file) cannot be turned into a sample.
     #[error("{path}: {reason}")]
     InvalidInput {

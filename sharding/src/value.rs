@@ -249,7 +249,10 @@ impl Value {
             Value::StrInt(t) => tagged("str_int", vec![("text", json!(t))]),
             Value::StrFloat(f) => tagged(
                 "str_float",
-                vec![("value", DType::F64.elements_to_json(&f.to_le_bytes())[0].clone())],
+                vec![(
+                    "value",
+                    DType::F64.elements_to_json(&f.to_le_bytes())[0].clone(),
+                )],
             ),
             Value::StrDecimal(t) => tagged("str_decimal", vec![("text", json!(t))]),
             Value::Json(j) => tagged("json", vec![("value", j.clone())]),
@@ -265,7 +268,9 @@ impl Value {
             Value::Image(ImageFormat::Jpeg, b) => {
                 tagged("jpeg", vec![("hex", json!(hex::encode(b)))])
             }
-            Value::Image(ImageFormat::Png, b) => tagged("png", vec![("hex", json!(hex::encode(b)))]),
+            Value::Image(ImageFormat::Png, b) => {
+                tagged("png", vec![("hex", json!(hex::encode(b)))])
+            }
             Value::List(items) => tagged(
                 "list",
                 vec![(
@@ -306,7 +311,10 @@ mod tests {
             dtype: DType::U16,
             bytes: 513u16.to_le_bytes().to_vec(),
         });
-        assert_eq!(s.to_canonical_json(), json!({"$type": "uint16", "value": 513}));
+        assert_eq!(
+            s.to_canonical_json(),
+            json!({"$type": "uint16", "value": 513})
+        );
         let a = Value::NdArray(NdArray {
             dtype: DType::F32,
             shape: vec![2],
@@ -316,7 +324,10 @@ mod tests {
             a.to_canonical_json(),
             json!({"$type": "ndarray", "dtype": "float32", "shape": [2], "values": [1.5, "nan"]})
         );
-        assert_eq!(Value::Bytes(vec![0, 255]).to_canonical_json(), json!({"$type": "bytes", "hex": "00ff"}));
+        assert_eq!(
+            Value::Bytes(vec![0, 255]).to_canonical_json(),
+            json!({"$type": "bytes", "hex": "00ff"})
+        );
     }
 
     #[test]

@@ -1,0 +1,477 @@
+//! One LitData chunk file: its container (classic, whole-file zstd, framed zstd, per-item zstd)
+//! turned into item byte ranges, and items turned into [`Sample`]s.
+//!
+//! Classic layout (`writer.py:_create_chunk`): `u32 n | u32 offsets[n+1] | items`, offsets absolute.
+//! A PyTree item is `u32 size[leaves] | leaf bytes...`; a Tokens item is raw token bytes.
+//! Framed layout (`framed_zstd.py`, `compression_level="batch"`): `"LDFZ01\0\0" | u16 version |
+//! u16 flags | u32 n | u32 frame_rows | u32 n_frames | u32 offsets[n+1] (into the inflated items) |
+//! n_frames × {u32 first_item, u32 n_items, u64 offset, u32 compressed, u32 inflated} | frames`.
+
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::Path;
+
+use super::index::{CompressionLevel, ItemLoader, LitDataIndex};
+use super::serializers::{decode_leaf, token_dtype, tokens, LeafError, LeafFormat};
+use crate::error::{FormatError, Result};
+use crate::value::{DType, Sample};
+
+const FRAMED_MAGIC: &[u8; 8] = b"LDFZ01\0\0";
+const ARROW_FOOTER_MAGIC: &[u8; 8] = b"LDARW01\0";
+
+/// How chunks are read.
+#[derive(Debug, Clone)]
+pub struct LitDataOptions {
+    /// Decode `pickle` leaves (as raw [`crate::Value::Pickle`] bytes) instead of refusing them.
+    pub allow_unsafe_types: bool,
+    /// Most bytes one zstd stream (a chunk, a frame, an item) may inflate to. Classic offsets are
+    /// u32, so no valid chunk exceeds 4 GiB.
+    pub max_inflated_size: u64,
+}
+
+impl Default for LitDataOptions {
+    fn default() -> Self {
+        LitDataOptions {
+            allow_unsafe_types: false,
+            max_inflated_size: 1 << 32,
+        }
+    }
+}
+
+/// What the items of a chunk are.
+#[derive(Debug, Clone)]
+enum Items {
+    PyTree {
+        formats: Vec<LeafFormat>,
+        names: Vec<String>,
+    },
+    Tokens(DType),
+}
+
+/// A parsed chunk: random access to its items and samples.
+#[derive(Debug, Clone)]
+pub struct LitDataChunk {
+    path: String,
+    data: Vec<u8>,
+    ranges: Vec<(usize, usize)>,
+    per_item_zstd: bool,
+    items: Items,
+    columns: Vec<String>,
+    options: LitDataOptions,
+}
+
+/// `dir-of-index/filename`, to name a chunk in errors.
+pub(crate) fn chunk_label(index: &LitDataIndex, filename: &str) -> String {
+    match Path::new(&index.path).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(filename).display().to_string(),
+        _ => filename.to_string(),
+    }
+}
+
+fn inflate(src: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
+    let decoder = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    decoder
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
+    if out.len() as u64 > limit {
+        return Err(format!("inflates to more than {limit} bytes"));
+    }
+    Ok(out)
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    let s = b.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    let s = b.get(at..at.checked_add(8)?)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(s);
+    Some(u64::from_le_bytes(a))
+}
+
+impl LitDataChunk {
+    /// Parses chunk number `chunk` of `index` from the bytes of its file (as stored: compressed
+    /// when the index says so).
+    pub fn parse(
+        index: &LitDataIndex,
+        chunk: usize,
+        file: Vec<u8>,
+        options: &LitDataOptions,
+    ) -> Result<LitDataChunk> {
+        Self::parse_inner(index, chunk, file, options, index.whole_file_zstd())
+    }
+
+    /// Parses chunk `chunk` from bytes already inflated from whole-file zstd: the copy litdata
+    /// keeps as `chunk-R-I.bin` in place of `chunk-R-I.zstd.bin` once it has read a local dataset.
+    pub fn parse_inflated(
+        index: &LitDataIndex,
+        chunk: usize,
+        bytes: Vec<u8>,
+        options: &LitDataOptions,
+    ) -> Result<LitDataChunk> {
+        Self::parse_inner(index, chunk, bytes, options, false)
+    }
+
+    fn parse_inner(
+        index: &LitDataIndex,
+        chunk: usize,
+        file: Vec<u8>,
+        options: &LitDataOptions,
+        whole_file_zstd: bool,
+    ) -> Result<LitDataChunk> {
+        let info = index.chunks.get(chunk).ok_or_else(|| {
+            FormatError::InvalidArgument(format!(
+                "{}: no chunk {chunk} (the index lists {})",
+                index.path,
+                index.chunks.len()
+            ))
+        })?;
+        let path = chunk_label(index, &info.filename);
+        let unsupported = |what: String| FormatError::Unsupported {
+            path: index.path.clone(),
+            what,
+        };
+        if let Some(enc) = &index.encryption {
+            return Err(unsupported(format!(
+                "encrypted LitData datasets (encryption {enc}); decrypt with litdata first"
+            )));
+        }
+        if let Some(format) = &index.foreign_format {
+            return Err(unsupported(format!(
+                "litdata index over another format ({format:?}); read that format directly"
+            )));
+        }
+        let items = match &index.item_loader {
+            ItemLoader::PyTree => Items::PyTree {
+                formats: index.leaf_formats.clone(),
+                names: index.data_format.clone(),
+            },
+            ItemLoader::Tokens => {
+                let [format] = index.leaf_formats.as_slice() else {
+                    return Err(FormatError::invalid_index(
+                        &index.path,
+                        "TokensLoader dataset with more than one data_format entry",
+                    ));
+                };
+                Items::Tokens(token_dtype(format).map_err(|e| match e {
+                    LeafError::Bad(r) | LeafError::Unsupported(r) => unsupported(r),
+                    LeafError::Unsafe => unsupported("pickle tokens".into()),
+                })?)
+            }
+            ItemLoader::Other(name) => {
+                return Err(unsupported(format!("the {name} item loader")));
+            }
+        };
+        let data = if whole_file_zstd {
+            let data = inflate(&file, options.max_inflated_size).map_err(|reason| {
+                FormatError::Decompress {
+                    path: path.clone(),
+                    algorithm: "zstd".into(),
+                    reason,
+                }
+            })?;
+            check_size(&path, info.chunk_bytes, data.len())?;
+            data
+        } else {
+            // `chunk_bytes` is the size before whole-file compression, so it holds either way.
+            check_size(&path, info.chunk_bytes, file.len())?;
+            file
+        };
+        let mut chunk = LitDataChunk {
+            path,
+            data: Vec::new(),
+            ranges: Vec::new(),
+            per_item_zstd: false,
+            items,
+            columns: index.columns.clone(),
+            options: options.clone(),
+        };
+        if data.starts_with(FRAMED_MAGIC) {
+            chunk.parse_framed(data, info.chunk_size)?;
+        } else if index.compression_level == CompressionLevel::Batch
+            && index.compression.is_some()
+            && !data_is_classic(&data, info.chunk_size)
+        {
+            return Err(chunk.corrupt(
+                "indexed as compression_level='batch' but the LDFZ01 magic is missing".into(),
+            ));
+        } else {
+            chunk.per_item_zstd =
+                index.compression_level == CompressionLevel::Sample && index.compression.is_some();
+            chunk.parse_classic(data, info.chunk_size)?;
+        }
+        Ok(chunk)
+    }
+
+    fn corrupt(&self, reason: String) -> FormatError {
+        FormatError::corrupt(self.path.clone(), reason)
+    }
+
+    fn parse_classic(&mut self, data: Vec<u8>, expected: u64) -> Result<()> {
+        let n = u32_at(&data, 0).ok_or_else(|| self.corrupt("shorter than 4 bytes".into()))?;
+        if u64::from(n) != expected {
+            return Err(self.corrupt(format!("holds {n} items, the index says {expected}")));
+        }
+        let header_end = 4 + 4 * (u64::from(n) + 1);
+        if header_end > data.len() as u64 {
+            return Err(self.corrupt(format!(
+                "offset table of {n} items runs past the end ({} bytes)",
+                data.len()
+            )));
+        }
+        let offsets: Vec<u64> = (0..=n as usize)
+            .map(|i| u64::from(u32_at(&data, 4 + 4 * i).unwrap_or(0)))
+            .collect();
+        self.ranges = self.ranges_from(&offsets, header_end, data.len() as u64)?;
+        let all_empty = self.ranges.iter().all(|&(a, b)| a == b);
+        if n > 0 && all_empty && data.ends_with(ARROW_FOOTER_MAGIC) {
+            return Err(FormatError::Unsupported {
+                path: self.path.clone(),
+                what: "rows stored only in an Arrow IPC footer (litdata with pyarrow)".into(),
+            });
+        }
+        self.data = data;
+        Ok(())
+    }
+
+    /// Item ranges from `n+1` offsets that must rise from `start` to at most `end`.
+    fn ranges_from(&self, offsets: &[u64], start: u64, end: u64) -> Result<Vec<(usize, usize)>> {
+        let mut ranges = Vec::with_capacity(offsets.len().saturating_sub(1));
+        let mut prev = start;
+        for (i, pair) in offsets.windows(2).enumerate() {
+            let (a, b) = (pair[0], pair[1]);
+            if a < prev || b < a || b > end {
+                return Err(self.corrupt(format!(
+                    "item {i} spans bytes {a}..{b}, outside {prev}..{end}"
+                )));
+            }
+            ranges.push((a as usize, b as usize));
+            prev = b;
+        }
+        Ok(ranges)
+    }
+
+    fn parse_framed(&mut self, data: Vec<u8>, expected: u64) -> Result<()> {
+        let field = |at: usize| u32_at(&data, at);
+        let (Some(vf), Some(n), Some(k), Some(n_frames)) =
+            (field(8), field(12), field(16), field(20))
+        else {
+            return Err(self.corrupt("truncated framed zstd header".into()));
+        };
+        let version = vf & 0xffff;
+        if version != 1 {
+            return Err(FormatError::Unsupported {
+                path: self.path.clone(),
+                what: format!("framed zstd chunk version {version}"),
+            });
+        }
+        if n == 0 || k == 0 || n_frames == 0 {
+            return Err(self.corrupt(format!(
+                "invalid framed zstd header n={n} frames={n_frames} k={k}"
+            )));
+        }
+        if u64::from(n) != expected {
+            return Err(self.corrupt(format!("holds {n} items, the index says {expected}")));
+        }
+        let offsets_end = 24 + 4 * (u64::from(n) + 1);
+        let table_end = offsets_end + 24 * u64::from(n_frames);
+        if table_end > data.len() as u64 {
+            return Err(self.corrupt("truncated framed zstd offset/frame table".into()));
+        }
+        let offsets: Vec<u64> = (0..=n as usize)
+            .map(|i| u64::from(field(24 + 4 * i).unwrap_or(0)))
+            .collect();
+        let mut logical = Vec::new();
+        let mut next_item = 0u64;
+        for f in 0..n_frames as usize {
+            let at = offsets_end as usize + 24 * f;
+            let (first, count, coff, clen, ulen) = (
+                u64::from(field(at).unwrap_or(0)),
+                u64::from(field(at + 4).unwrap_or(0)),
+                u64_at(&data, at + 8).unwrap_or(0),
+                u64::from(field(at + 16).unwrap_or(0)),
+                u64::from(field(at + 20).unwrap_or(0)),
+            );
+            let last = first + count;
+            let bad_frame = count == 0
+                || first != next_item
+                || last > u64::from(n)
+                || coff < table_end
+                || coff.saturating_add(clen) > data.len() as u64;
+            if bad_frame {
+                return Err(self.corrupt(format!("framed zstd frame {f} is invalid or truncated")));
+            }
+            let (lo, hi) = (offsets[first as usize], offsets[last as usize]);
+            if lo != logical.len() as u64 || hi < lo || hi - lo != ulen {
+                return Err(self.corrupt(format!(
+                    "framed zstd frame {f}: {ulen} inflated bytes do not match item offsets {lo}..{hi}"
+                )));
+            }
+            let src = &data[coff as usize..(coff + clen) as usize];
+            let raw = inflate(src, ulen.min(self.options.max_inflated_size)).map_err(|reason| {
+                FormatError::Decompress {
+                    path: format!("{} (frame {f})", self.path),
+                    algorithm: "zstd".into(),
+                    reason,
+                }
+            })?;
+            if raw.len() as u64 != ulen {
+                return Err(self.corrupt(format!(
+                    "framed zstd frame {f} inflated to {} bytes, expected {ulen}",
+                    raw.len()
+                )));
+            }
+            logical.extend_from_slice(&raw);
+            next_item = last;
+        }
+        if next_item != u64::from(n) {
+            return Err(self.corrupt(format!("framed zstd frames cover {next_item} of {n} items")));
+        }
+        self.ranges = self.ranges_from(&offsets, 0, logical.len() as u64)?;
+        self.data = logical;
+        Ok(())
+    }
+
+    /// Items in the chunk.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Whether the chunk has no items.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Column names of this chunk's samples, in leaf order.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// The bytes of item `i` (inflated when items are zstd-compressed one by one).
+    pub fn item_bytes(&self, i: usize) -> Result<Cow<'_, [u8]>> {
+        let &(a, b) = self.ranges.get(i).ok_or_else(|| {
+            FormatError::InvalidArgument(format!(
+                "{}: no item {i} (chunk has {})",
+                self.path,
+                self.len()
+            ))
+        })?;
+        let raw = &self.data[a..b];
+        if !self.per_item_zstd {
+            return Ok(Cow::Borrowed(raw));
+        }
+        inflate(raw, self.options.max_inflated_size)
+            .map(Cow::Owned)
+            .map_err(|reason| FormatError::Decompress {
+                path: format!("{} (item {i})", self.path),
+                algorithm: "zstd".into(),
+                reason,
+            })
+    }
+
+    /// Decodes item `i` into a sample keyed by [`LitDataChunk::columns`].
+    pub fn sample(&self, i: usize) -> Result<Sample> {
+        let bytes = self.item_bytes(i)?;
+        let mut sample = Sample::new();
+        match &self.items {
+            Items::Tokens(dtype) => {
+                let value =
+                    tokens(*dtype, &bytes).map_err(|e| self.leaf_error(i, 0, "tokens", e))?;
+                sample.insert(self.columns[0].clone(), value);
+            }
+            Items::PyTree { formats, names } => {
+                let header = 4 * formats.len();
+                if bytes.len() < header {
+                    return Err(self.item_error(
+                        i,
+                        format!(
+                            "{} bytes cannot hold the sizes of {} leaves",
+                            bytes.len(),
+                            formats.len()
+                        ),
+                    ));
+                }
+                let mut pos = header;
+                for (leaf, format) in formats.iter().enumerate() {
+                    let size = u32_at(&bytes, 4 * leaf).unwrap_or(0) as usize;
+                    let Some(leaf_bytes) =
+                        pos.checked_add(size).and_then(|end| bytes.get(pos..end))
+                    else {
+                        return Err(self.item_error(
+                            i,
+                            format!(
+                                "leaf {leaf} ({}) of {size} bytes runs past the item's {} bytes",
+                                self.columns[leaf],
+                                bytes.len()
+                            ),
+                        ));
+                    };
+                    let value = decode_leaf(format, leaf_bytes, self.options.allow_unsafe_types)
+                        .map_err(|e| self.leaf_error(i, leaf, &names[leaf], e))?;
+                    sample.insert(self.columns[leaf].clone(), value);
+                    pos += size;
+                }
+                if pos != bytes.len() {
+                    return Err(self.item_error(
+                        i,
+                        format!("{} bytes after the last leaf", bytes.len() - pos),
+                    ));
+                }
+            }
+        }
+        Ok(sample)
+    }
+
+    /// Every sample, in order.
+    pub fn samples(&self) -> impl Iterator<Item = Result<Sample>> + '_ {
+        (0..self.len()).map(|i| self.sample(i))
+    }
+
+    fn item_error(&self, i: usize, reason: String) -> FormatError {
+        self.corrupt(format!("item {i}: {reason}"))
+    }
+
+    fn leaf_error(&self, i: usize, leaf: usize, encoding: &str, e: LeafError) -> FormatError {
+        let column = self.columns[leaf].clone();
+        match e {
+            LeafError::Bad(reason) => FormatError::Decode {
+                path: self.path.clone(),
+                sample: i as u64,
+                column,
+                encoding: encoding.to_string(),
+                reason,
+            },
+            LeafError::Unsupported(what) => FormatError::Unsupported {
+                path: self.path.clone(),
+                what: format!("column {column:?} ({encoding}): {what}"),
+            },
+            LeafError::Unsafe => FormatError::UnsafeEncoding {
+                path: self.path.clone(),
+                column,
+                encoding: encoding.to_string(),
+            },
+        }
+    }
+}
+
+/// litdata writes the config's `compression_level="batch"` even for chunks it left unframed (when
+/// its Arrow footer path declined the rows), so a classic chunk under "batch" is accepted when its
+/// item count matches.
+fn data_is_classic(data: &[u8], expected: u64) -> bool {
+    u32_at(data, 0).is_some_and(|n| u64::from(n) == expected)
+}
+
+fn check_size(path: &str, expected: Option<u64>, actual: usize) -> Result<()> {
+    match expected {
+        Some(e) if e != actual as u64 => Err(FormatError::SizeMismatch {
+            path: path.to_string(),
+            expected: e,
+            actual: actual as u64,
+        }),
+        _ => Ok(()),
+    }
+}

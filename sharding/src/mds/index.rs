@@ -1,0 +1,293 @@
+//! `index.json` (version 2): types, validated parsing, byte-exact serialisation and merging.
+//!
+//! Mosaic writes the index with `json.dump({"version": 2, "shards": [...]}, sort_keys=True)`;
+//! [`Index::to_json`] reproduces those bytes. `merge_index` (for datasets written in parts) writes
+//! `{"version": 2, "shards": [...]}` *without* sorting the top level and prefixes each basename
+//! with the part's folder name; [`merge_indexes`] and [`Index::to_merged_json`] reproduce that.
+//!
+//! Parsing checks what a reader relies on, and names the file in every error: valid JSON,
+//! version 2 at both levels, format `mds`, column lists of equal length with known encodings and
+//! the sizes those encodings imply, a known compression with `zip_data` present exactly when it is
+//! set, basenames that stay inside the dataset folder and are unique, and raw sizes that can hold
+//! the shard header and fit the format's u32 offsets.
+//!
+//! ```
+//! use shardstream_sharding::mds::Index;
+//! let text = br#"{"shards": [], "version": 2}"#;
+//! let index = Index::from_json("index.json", text).unwrap();
+//! assert_eq!(index.to_json(), std::str::from_utf8(text).unwrap());
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value as Json};
+
+use crate::compression::Compression;
+use crate::error::{FormatError, Result};
+use crate::mds::encoding::Encoding;
+use crate::mds::pyjson;
+use crate::safe_path::check_relative;
+
+/// The whole index: a version and the shards in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    /// Always 2.
+    #[serde(deserialize_with = "de_version")]
+    pub version: u64,
+    /// The shards, in sample order.
+    pub shards: Vec<ShardInfo>,
+}
+
+/// One shard's entry (`MDSWriter.get_config()` plus the file records and sample count).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// Encodings, in column-name order.
+    pub column_encodings: Vec<String>,
+    /// Column names, sorted.
+    pub column_names: Vec<String>,
+    /// Fixed size per column, `None` for variable-size columns.
+    pub column_sizes: Vec<Option<u64>>,
+    /// The compression string as the writer was given it (`"zstd:7"`), or `None`.
+    pub compression: Option<String>,
+    /// Always `"mds"` for shards this crate reads.
+    pub format: String,
+    /// Hash algorithms recorded for each file.
+    pub hashes: Vec<String>,
+    /// The uncompressed shard file.
+    pub raw_data: FileInfo,
+    /// Number of samples (may be 0, see the writer's empty-shard quirk).
+    pub samples: u64,
+    /// The size limit the writer used, `None` for unlimited.
+    pub size_limit: Option<u64>,
+    /// Always 2.
+    #[serde(deserialize_with = "de_version")]
+    pub version: u64,
+    /// The compressed shard file, present exactly when `compression` is set.
+    pub zip_data: Option<FileInfo>,
+}
+
+/// A file record: name relative to the dataset folder, size and hex digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Path relative to the dataset (or split) folder; may contain `/` in merged indexes.
+    pub basename: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Algorithm name to hex digest.
+    pub hashes: BTreeMap<String, String>,
+}
+
+/// The largest shard the format can address (offsets are u32).
+pub const MAX_SHARD_BYTES: u64 = u32::MAX as u64;
+
+impl Index {
+    /// Parses and validates index bytes read from `path` (used in error messages).
+    pub fn from_json(path: &str, bytes: &[u8]) -> Result<Index> {
+        let raw: Json = serde_json::from_slice(bytes)
+            .map_err(|e| FormatError::invalid_index(path, format!("invalid JSON: {e}")))?;
+        check_version(path, raw.get("version"))?;
+        let index: Index = serde_json::from_value(raw)
+            .map_err(|e| FormatError::invalid_index(path, e.to_string()))?;
+        index.validate(path)?;
+        Ok(index)
+    }
+
+    /// Checks the invariants listed in the module docs.
+    pub fn validate(&self, path: &str) -> Result<()> {
+        if self.version != 2 {
+            return Err(unsupported(path, &self.version.to_string()));
+        }
+        let mut names = HashSet::new();
+        for (i, shard) in self.shards.iter().enumerate() {
+            shard.validate(path, i)?;
+            for file in std::iter::once(&shard.raw_data).chain(&shard.zip_data) {
+                if !names.insert(file.basename.as_str()) {
+                    return Err(FormatError::invalid_index(
+                        path,
+                        format!("shard {i}: basename {:?} appears twice", file.basename),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Total samples over all shards.
+    pub fn num_samples(&self) -> u64 {
+        self.shards.iter().map(|s| s.samples).sum()
+    }
+
+    /// The index as Mosaic's writer writes it: `json.dump(obj, sort_keys=True)`.
+    pub fn to_json(&self) -> String {
+        let shards: Vec<Json> = self.shards.iter().map(ShardInfo::to_json_value).collect();
+        pyjson::dumps(&json!({"version": self.version, "shards": shards}), true)
+    }
+
+    /// The index as Mosaic's `merge_index` writes it: `{"version": 2, "shards": [...]}` in that
+    /// key order, each shard's keys in the (sorted) order of the part indexes it came from.
+    pub fn to_merged_json(&self) -> String {
+        let mut out = format!("{{\"version\": {}, \"shards\": [", self.version);
+        for (i, shard) in self.shards.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            pyjson::write_value(&mut out, &shard.to_json_value(), true);
+        }
+        out.push_str("]}");
+        out
+    }
+}
+
+impl ShardInfo {
+    /// Checks one shard entry (`i` is its position, for messages).
+    pub fn validate(&self, path: &str, i: usize) -> Result<()> {
+        let bad = |reason: String| FormatError::invalid_index(path, format!("shard {i}: {reason}"));
+        if self.version != 2 {
+            return Err(unsupported(path, &self.version.to_string()));
+        }
+        if self.format != "mds" {
+            return Err(bad(format!(
+                "format {:?} is not supported (only \"mds\")",
+                self.format
+            )));
+        }
+        let n = self.column_names.len();
+        if self.column_encodings.len() != n || self.column_sizes.len() != n {
+            return Err(bad(format!(
+                "{n} column names, {} encodings, {} sizes",
+                self.column_encodings.len(),
+                self.column_sizes.len()
+            )));
+        }
+        for ((name, enc), size) in self
+            .column_names
+            .iter()
+            .zip(&self.column_encodings)
+            .zip(&self.column_sizes)
+        {
+            let parsed = Encoding::parse(enc).map_err(|e| bad(format!("column {name:?}: {e}")))?;
+            if parsed.fixed_size() != *size {
+                return Err(bad(format!(
+                    "column {name:?} ({enc}) has size {size:?}, the encoding implies {:?}",
+                    parsed.fixed_size()
+                )));
+            }
+        }
+        match (&self.compression, &self.zip_data) {
+            (Some(c), Some(_)) => {
+                Compression::parse(c).map_err(|e| bad(e.to_string()))?;
+            }
+            (None, None) => {}
+            (Some(c), None) => return Err(bad(format!("compression {c:?} but no zip_data"))),
+            (None, Some(_)) => return Err(bad("zip_data without a compression".into())),
+        }
+        for file in std::iter::once(&self.raw_data).chain(&self.zip_data) {
+            check_relative(path, &file.basename)?;
+        }
+        let header = 4 + 4 * (self.samples.saturating_add(1));
+        if self.raw_data.bytes < header || self.raw_data.bytes > MAX_SHARD_BYTES {
+            return Err(bad(format!(
+                "raw size {} cannot hold {} samples (header {header} bytes, limit {MAX_SHARD_BYTES})",
+                self.raw_data.bytes, self.samples
+            )));
+        }
+        Ok(())
+    }
+
+    /// The parsed compression, if any (validated at parse time).
+    pub fn compression(&self) -> Result<Option<Compression>> {
+        self.compression
+            .as_deref()
+            .map(Compression::parse)
+            .transpose()
+    }
+
+    /// The parsed column encodings (validated at parse time).
+    pub fn encodings(&self) -> Result<Vec<Encoding>> {
+        self.column_encodings
+            .iter()
+            .map(|e| Encoding::parse(e))
+            .collect()
+    }
+
+    /// The file a reader fetches: the compressed one when there is one.
+    pub fn stored_file(&self) -> &FileInfo {
+        self.zip_data.as_ref().unwrap_or(&self.raw_data)
+    }
+
+    /// The shard's writer config (`get_config()`), in Python's insertion order.
+    pub fn config_json_value(&self) -> Json {
+        json!({
+            "version": self.version,
+            "format": self.format,
+            "compression": self.compression,
+            "hashes": self.hashes,
+            "size_limit": self.size_limit,
+            "column_names": self.column_names,
+            "column_encodings": self.column_encodings,
+            "column_sizes": self.column_sizes,
+        })
+    }
+
+    fn to_json_value(&self) -> Json {
+        let mut obj = json!({
+            "samples": self.samples,
+            "raw_data": file_json(&self.raw_data),
+            "zip_data": self.zip_data.as_ref().map(file_json),
+        });
+        if let (Json::Object(map), Json::Object(config)) = (&mut obj, self.config_json_value()) {
+            map.extend(config);
+        }
+        obj
+    }
+}
+
+fn file_json(f: &FileInfo) -> Json {
+    json!({"basename": f.basename, "bytes": f.bytes, "hashes": f.hashes})
+}
+
+fn unsupported(path: &str, version: &str) -> FormatError {
+    FormatError::UnsupportedVersion {
+        path: path.to_string(),
+        version: version.to_string(),
+    }
+}
+
+/// Reads a version number; an integral float (`2.0`) counts as its integer, as in Python.
+fn de_version<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    let v = Json::deserialize(d)?;
+    match (v.as_u64(), v.as_f64()) {
+        (Some(u), _) => Ok(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..1e15).contains(&f) => Ok(f as u64),
+        _ => Err(serde::de::Error::custom(format!("unsupported version {v}"))),
+    }
+}
+
+/// Mosaic compares `obj['version'] != 2` in Python, so `2.0` passes too.
+fn check_version(path: &str, version: Option<&Json>) -> Result<()> {
+    match version {
+        None => Err(FormatError::invalid_index(path, "missing \"version\"")),
+        Some(v) if v.as_f64() == Some(2.0) => Ok(()),
+        Some(v) => Err(unsupported(path, &v.to_string())),
+    }
+}
+
+/// Merges part indexes as Mosaic's `merge_index` does: shards concatenated in the order given,
+/// each basename prefixed with its part's folder name (`"0/shard.00000.mds"`; no prefix for an
+/// empty name). Serialise the result with [`Index::to_merged_json`].
+pub fn merge_indexes(parts: &[(String, Index)]) -> Index {
+    let mut shards = Vec::new();
+    for (subdir, index) in parts {
+        for shard in &index.shards {
+            let mut shard = shard.clone();
+            for file in std::iter::once(&mut shard.raw_data).chain(shard.zip_data.as_mut()) {
+                if !subdir.is_empty() {
+                    file.basename = format!("{subdir}/{}", file.basename);
+                }
+            }
+            shards.push(shard);
+        }
+    }
+    Index { version: 2, shards }
+}
