@@ -1,0 +1,273 @@
+//! Where everything lives inside one node's cache folder, and the small file helpers that keep
+//! each file either absent or complete.
+//!
+//! ```text
+//! <dir>/SHARDSTREAM-CACHE      layout marker ({"layout":1})
+//! <dir>/CACHEDIR.TAG           tells backup tools to skip the folder
+//! <dir>/generation             bumped by the first process that opens the folder
+//! <dir>/cache.lock             shared by every process that has the folder open
+//! <dir>/space.lock             exclusive while the node's disk usage is counted or changed
+//! <dir>/space.ledger           bytes in data/ as of the last change, valid for one generation
+//! <dir>/locks/<id>.fetch       per shard: exclusive while its files are created, checked or removed
+//! <dir>/locks/<id>.pin         per shard: shared by readers (leases), exclusive to delete the data
+//! <dir>/entries/<id>.json      per shard: the cache's record (key, size, hash, verified generation)
+//! <dir>/tmp/<id>.<bytes>       a download in progress, holding a reservation of <bytes>
+//! <dir>/data/<id>              a complete, verified shard
+//! ```
+//!
+//! `<id>` is the 32-hex-digit xxh3-128 of the shard key, so keys never become paths.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use shardstream_sharding::hashing::{hash_hex, HashAlgorithm};
+
+use super::error::{io_err, CacheError, Result};
+
+/// The layout version written to the marker; a folder with another version is refused.
+const LAYOUT_VERSION: u64 = 1;
+const MARKER: &str = "SHARDSTREAM-CACHE";
+/// The standard cache-directory tag (<https://bford.info/cachedir/>).
+const CACHEDIR_TAG: &str = "Signature: 8a477f597d28d172789f06886806bc55\n\
+# This file is a cache directory tag created by shardstream.\n";
+
+/// A shard key's file-name-safe identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct KeyId(String);
+
+impl KeyId {
+    pub(crate) fn of(key: &str) -> KeyId {
+        KeyId(hash_hex(HashAlgorithm::Xxh3_128, key.as_bytes()))
+    }
+
+    /// Accepts only names this cache could have produced.
+    pub(crate) fn parse(name: &str) -> Option<KeyId> {
+        let ok = name.len() == 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| KeyId(name.to_string()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Parses a temp file's name, `<id>.<reserved bytes>`.
+pub(crate) fn parse_tmp_name(name: &str) -> Option<(KeyId, u64)> {
+    let (id, bytes) = name.split_once('.')?;
+    Some((KeyId::parse(id)?, bytes.parse().ok()?))
+}
+
+/// Paths inside one cache folder.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    pub(crate) fn new(root: PathBuf) -> Layout {
+        Layout { root }
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    pub(crate) fn entries_dir(&self) -> PathBuf {
+        self.root.join("entries")
+    }
+
+    fn locks_dir(&self) -> PathBuf {
+        self.root.join("locks")
+    }
+
+    pub(crate) fn data(&self, id: &KeyId) -> PathBuf {
+        self.data_dir().join(id.as_str())
+    }
+
+    pub(crate) fn tmp(&self, id: &KeyId, reserved: u64) -> PathBuf {
+        self.tmp_dir().join(format!("{}.{reserved}", id.as_str()))
+    }
+
+    pub(crate) fn record(&self, id: &KeyId) -> PathBuf {
+        self.entries_dir().join(format!("{}.json", id.as_str()))
+    }
+
+    pub(crate) fn record_tmp(&self, id: &KeyId) -> PathBuf {
+        self.entries_dir().join(format!("{}.json.tmp", id.as_str()))
+    }
+
+    pub(crate) fn fetch_lock(&self, id: &KeyId) -> PathBuf {
+        self.locks_dir().join(format!("{}.fetch", id.as_str()))
+    }
+
+    pub(crate) fn pin_lock(&self, id: &KeyId) -> PathBuf {
+        self.locks_dir().join(format!("{}.pin", id.as_str()))
+    }
+
+    pub(crate) fn space_lock(&self) -> PathBuf {
+        self.root.join("space.lock")
+    }
+
+    pub(crate) fn ledger(&self) -> PathBuf {
+        self.root.join("space.ledger")
+    }
+
+    pub(crate) fn ledger_tmp(&self) -> PathBuf {
+        self.root.join("space.ledger.tmp")
+    }
+
+    pub(crate) fn open_lock(&self) -> PathBuf {
+        self.root.join("cache.lock")
+    }
+
+    fn generation(&self) -> PathBuf {
+        self.root.join("generation")
+    }
+
+    /// Creates the folder tree and marker files if missing, and refuses a folder that holds
+    /// another layout. Safe to race: every step is idempotent or an atomic rename.
+    pub(crate) fn create(&self) -> Result<()> {
+        for dir in [
+            self.root.clone(),
+            self.data_dir(),
+            self.tmp_dir(),
+            self.entries_dir(),
+            self.locks_dir(),
+        ] {
+            fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
+        }
+        let marker = self.root.join(MARKER);
+        let want = format!("{{\"layout\":{LAYOUT_VERSION}}}\n");
+        match fs::read_to_string(&marker) {
+            Ok(found) if found == want => {}
+            Ok(found) => {
+                return Err(CacheError::Layout {
+                    path: marker,
+                    found: found.trim().to_string(),
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                write_new_atomically(&marker, want.as_bytes())?;
+            }
+            Err(e) => return Err(io_err("read", &marker)(e)),
+        }
+        let tag = self.root.join("CACHEDIR.TAG");
+        if !tag.exists() {
+            write_new_atomically(&tag, CACHEDIR_TAG.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read_generation(&self) -> Result<u64> {
+        let path = self.generation();
+        match fs::read_to_string(&path) {
+            Ok(s) => Ok(s.trim().parse().unwrap_or(0)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_err("read", &path)(e)),
+        }
+    }
+
+    /// Only called with `cache.lock` held exclusively, so a fixed temp name is safe.
+    pub(crate) fn write_generation(&self, generation: u64) -> Result<()> {
+        let path = self.generation();
+        let tmp = self.root.join("generation.tmp");
+        write_atomically(&path, &tmp, format!("{generation}\n").as_bytes())
+    }
+}
+
+/// Writes `bytes` to `tmp`, fsyncs it, renames it over `path` and fsyncs the folder, so `path`
+/// is either its old content or the new one, also after a power cut.
+pub(crate) fn write_atomically(path: &Path, tmp: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(tmp).map_err(io_err("create", tmp))?;
+    f.write_all(bytes).map_err(io_err("write", tmp))?;
+    f.sync_all().map_err(io_err("fsync", tmp))?;
+    drop(f);
+    fs::rename(tmp, path).map_err(io_err("rename", tmp))?;
+    sync_parent(path)
+}
+
+/// For files that many processes may create at once with the same content: each writes its own
+/// temp name, so none can rename another's half-written file into place.
+fn write_new_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    write_atomically(path, &tmp, bytes)
+}
+
+/// Makes a rename or unlink inside `path`'s folder durable.
+pub(crate) fn sync_parent(path: &Path) -> Result<()> {
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Removes a file; a file that is already gone is fine.
+pub(crate) fn remove_if_present(path: &Path) -> Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("remove", path)(e)),
+    }
+}
+
+/// The names in a folder; entries that vanish or are not UTF-8 are skipped (the cache never
+/// creates such names).
+pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("list", dir)(e)),
+        };
+        if let Ok(name) = entry.file_name().into_string() {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ids_are_hex_and_round_trip() {
+        let id = KeyId::of("split/shard.00000.mds.zstd");
+        assert_eq!(id.as_str().len(), 32);
+        assert_eq!(KeyId::parse(id.as_str()), Some(id.clone()));
+        assert_eq!(KeyId::parse("notes.txt"), None);
+        assert_eq!(KeyId::parse(&id.as_str().to_uppercase()), None);
+        let tmp = format!("{}.4096", id.as_str());
+        assert_eq!(parse_tmp_name(&tmp), Some((id, 4096)));
+        assert_eq!(parse_tmp_name("foreign.partial"), None);
+    }
+
+    #[test]
+    fn a_folder_with_another_layout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().to_path_buf());
+        layout.create().unwrap();
+        layout.create().unwrap();
+        fs::write(dir.path().join(MARKER), "{\"layout\":99}\n").unwrap();
+        assert!(matches!(layout.create(), Err(CacheError::Layout { .. })));
+    }
+}

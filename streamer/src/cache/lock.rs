@@ -1,0 +1,351 @@
+//! Node-wide locks for the cache: `flock(2)` on small files in the cache folder, which the kernel
+//! releases when the holding process dies, so no lock outlives its owner.
+//!
+//! Under the file locks sits one process-wide table with a reader/writer state per lock file. It
+//! does two jobs. Threads of one process share a single descriptor (and so a single `flock`) per
+//! lock file: readers just bump a count. And the process never holds two descriptors of one lock
+//! file, which keeps the locks correct on NFS, where Linux emulates `flock` with POSIX record
+//! locks that do not exclude each other within a process and are all dropped when any
+//! descriptor of the file is closed.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{flock, FlockOperation};
+
+/// How a lock is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Any number of holders, across threads and processes.
+    Shared,
+    /// One holder on the node.
+    Exclusive,
+}
+
+#[derive(Default)]
+struct SlotState {
+    readers: usize,
+    writer: bool,
+    /// A thread of this process is inside a blocking `flock` call for this file.
+    pending: bool,
+    file: Option<File>,
+}
+
+struct Slot {
+    path: PathBuf,
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+impl Slot {
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        // A panic while the state is locked leaves plain counters behind; they stay consistent
+        // because every update is a single assignment, so a poisoned lock is safe to reuse.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The process-wide table. Keyed by the lock file's path (the cache folder is canonicalized at
+/// open, so two `Cache` values on one folder share entries).
+static TABLE: LazyLock<Mutex<HashMap<PathBuf, Arc<Slot>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn table() -> MutexGuard<'static, HashMap<PathBuf, Arc<Slot>>> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn slot(path: &Path) -> Arc<Slot> {
+    let mut map = table();
+    map.entry(path.to_path_buf())
+        .or_insert_with(|| {
+            Arc::new(Slot {
+                path: path.to_path_buf(),
+                state: Mutex::new(SlotState::default()),
+                cv: Condvar::new(),
+            })
+        })
+        .clone()
+}
+
+/// Drops the table's entry once nobody holds or waits for it, so the table stays as small as the
+/// set of locks in use rather than growing with every shard ever seen.
+fn prune(slot: &Arc<Slot>) {
+    let mut map = table();
+    // Holders and waiters own clones; `2` is the table's plus the caller's.
+    if Arc::strong_count(slot) == 2 {
+        let st = slot.state();
+        if st.readers == 0 && !st.writer && !st.pending {
+            drop(st);
+            map.remove(&slot.path);
+        }
+    }
+}
+
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
+fn try_flock(file: &File, mode: Mode) -> io::Result<bool> {
+    let op = match mode {
+        Mode::Shared => FlockOperation::NonBlockingLockShared,
+        Mode::Exclusive => FlockOperation::NonBlockingLockExclusive,
+    };
+    match flock(file, op) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes the file lock, waiting until `deadline` if there is one. `Ok(false)` means the deadline
+/// passed. Without a deadline the kernel wakes us when the holder unlocks or dies; with one we
+/// poll, backing off to 50 ms, because `flock` has no timed form.
+fn flock_wait(file: &File, mode: Mode, deadline: Option<Instant>) -> io::Result<bool> {
+    let Some(deadline) = deadline else {
+        let op = match mode {
+            Mode::Shared => FlockOperation::LockShared,
+            Mode::Exclusive => FlockOperation::LockExclusive,
+        };
+        loop {
+            match flock(file, op) {
+                Ok(()) => return Ok(true),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if try_flock(file, mode)? {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A held lock; dropping it releases this holder's share (and the file lock with the last one).
+pub(crate) struct LockGuard {
+    /// `None` only after [`LockGuard::downgrade`] has moved the hold into a new guard.
+    slot: Option<Arc<Slot>>,
+    mode: Mode,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("path", &self.slot.as_ref().map(|s| &s.path))
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Takes `path` in `mode`, waiting for holders in this and other processes. `Ok(None)` means
+/// `deadline` passed first.
+pub(crate) fn lock(
+    path: &Path,
+    mode: Mode,
+    deadline: Option<Instant>,
+) -> io::Result<Option<LockGuard>> {
+    let slot = slot(path);
+    let mut st = slot.state();
+    loop {
+        let free = !st.writer && !st.pending;
+        match mode {
+            Mode::Shared if free && st.readers > 0 => {
+                st.readers += 1;
+                drop(st);
+                return Ok(Some(LockGuard {
+                    slot: Some(slot),
+                    mode,
+                }));
+            }
+            Mode::Shared | Mode::Exclusive if free && st.readers == 0 => break,
+            _ => {}
+        }
+        st = match deadline {
+            None => slot.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    drop(st);
+                    prune(&slot);
+                    return Ok(None);
+                }
+                slot.cv
+                    .wait_timeout(st, d - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+        };
+    }
+    st.pending = true;
+    drop(st);
+    let taken = open_lock_file(path)
+        .and_then(|file| Ok(flock_wait(&file, mode, deadline)?.then_some(file)));
+    let mut st = slot.state();
+    st.pending = false;
+    let out = match taken {
+        Ok(Some(file)) => {
+            st.file = Some(file);
+            match mode {
+                Mode::Shared => st.readers = 1,
+                Mode::Exclusive => st.writer = true,
+            }
+            Ok(Some(LockGuard {
+                slot: Some(slot.clone()),
+                mode,
+            }))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
+    slot.cv.notify_all();
+    drop(st);
+    if !matches!(out, Ok(Some(_))) {
+        prune(&slot);
+    }
+    out
+}
+
+/// Takes `path` exclusively only if nobody in any process holds it, without waiting.
+pub(crate) fn try_exclusive(path: &Path) -> io::Result<Option<LockGuard>> {
+    let slot = slot(path);
+    let mut st = slot.state();
+    let out = if st.readers > 0 || st.writer || st.pending {
+        None
+    } else {
+        let file = open_lock_file(path)?;
+        if try_flock(&file, Mode::Exclusive)? {
+            st.file = Some(file);
+            st.writer = true;
+            Some(LockGuard {
+                slot: Some(slot.clone()),
+                mode: Mode::Exclusive,
+            })
+        } else {
+            None
+        }
+    };
+    drop(st);
+    if out.is_none() {
+        prune(&slot);
+    }
+    Ok(out)
+}
+
+impl LockGuard {
+    /// Turns an exclusive hold into a shared one. The kernel does this as unlock-then-lock, so
+    /// another process may slip in between; callers re-check what the lock protects afterwards.
+    pub(crate) fn downgrade(mut self) -> io::Result<LockGuard> {
+        if self.mode == Mode::Shared {
+            return Ok(self);
+        }
+        // Taking the slot out disarms this guard's release, which would close the file.
+        let Some(slot) = self.slot.take() else {
+            return Err(io::Error::other("lock guard already released"));
+        };
+        let mut st = slot.state();
+        st.writer = false;
+        st.pending = true;
+        let file = st.file.take();
+        drop(st);
+        let res = match &file {
+            Some(f) => flock_wait(f, Mode::Shared, None).map(|_| ()),
+            None => Err(io::Error::other("lock file missing from a held lock")),
+        };
+        let mut st = slot.state();
+        st.pending = false;
+        let out = match res {
+            Ok(()) => {
+                st.file = file;
+                st.readers = 1;
+                Ok(LockGuard {
+                    slot: Some(slot.clone()),
+                    mode: Mode::Shared,
+                })
+            }
+            Err(e) => Err(e),
+        };
+        slot.cv.notify_all();
+        drop(st);
+        if out.is_err() {
+            prune(&slot);
+        }
+        out
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let mut st = slot.state();
+        match self.mode {
+            Mode::Shared => {
+                st.readers = st.readers.saturating_sub(1);
+                if st.readers == 0 {
+                    st.file = None;
+                }
+            }
+            Mode::Exclusive => {
+                st.writer = false;
+                st.file = None;
+            }
+        }
+        slot.cv.notify_all();
+        drop(st);
+        prune(&slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readers_share_one_lock_and_exclude_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.lock");
+        let a = lock(&path, Mode::Shared, None).unwrap().unwrap();
+        let b = lock(&path, Mode::Shared, None).unwrap().unwrap();
+        assert!(try_exclusive(&path).unwrap().is_none());
+        let deadline = Some(Instant::now() + Duration::from_millis(20));
+        assert!(lock(&path, Mode::Exclusive, deadline).unwrap().is_none());
+        drop(a);
+        assert!(try_exclusive(&path).unwrap().is_none());
+        drop(b);
+        let x = try_exclusive(&path).unwrap().unwrap();
+        let deadline = Some(Instant::now() + Duration::from_millis(20));
+        assert!(lock(&path, Mode::Shared, deadline).unwrap().is_none());
+        let s = x.downgrade().unwrap();
+        assert!(lock(&path, Mode::Shared, None).unwrap().is_some());
+        drop(s);
+        assert!(table().get(&path).is_none(), "idle slots are pruned");
+    }
+
+    #[test]
+    fn a_waiting_writer_wakes_when_the_reader_leaves() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.lock");
+        let reader = lock(&path, Mode::Shared, None).unwrap().unwrap();
+        let p = path.clone();
+        let writer = std::thread::spawn(move || lock(&p, Mode::Exclusive, None).unwrap().is_some());
+        drop(reader);
+        assert!(writer.join().unwrap());
+    }
+}
