@@ -1,0 +1,361 @@
+//! Streaming upload of one file: bytes are checksummed as they arrive, cut into parts, and each
+//! full part is sent in the background while the next one fills. A file no larger than one part
+//! goes up in a single PUT; a larger one as a multipart upload that is aborted on any error (or
+//! when the writer is dropped unfinished), so no committed name ever points at a partial object.
+
+use crate::budget::{BudgetPermit, ByteBudget, RateLimiter};
+use crate::checksum::{combine_parts, Crc32c};
+use crate::error::{CheckpointError, Result};
+use crate::manifest::FileRecord;
+use crate::metrics::{add, CheckpointMetrics};
+use bytes::{Bytes, BytesMut};
+use object_store::path::Path;
+use object_store::{MultipartUpload, ObjectStore, PutOptions, PutPayload};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+/// What every file writer of one rank shares.
+#[derive(Debug)]
+pub(crate) struct Uploader {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) part_size: u64,
+    pub(crate) budget: ByteBudget,
+    pub(crate) requests: Arc<Semaphore>,
+    pub(crate) limiter: Option<RateLimiter>,
+    pub(crate) metrics: Arc<CheckpointMetrics>,
+}
+
+impl Uploader {
+    /// Waits for the rate cap and a request slot.
+    async fn request_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        if let Some(l) = &self.limiter {
+            l.acquire().await;
+        }
+        self.requests
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| CheckpointError::InvalidConfig("request limiter closed".into()))
+    }
+}
+
+/// Writes one file of a checkpoint. Obtain one from [`crate::RankWriter::create`], feed it with
+/// [`FileWriter::write`], [`FileWriter::write_bytes`] or [`FileWriter::write_from`], then call
+/// [`FileWriter::finish`] for its [`FileRecord`].
+///
+/// Each open writer holds at most one partly filled part buffer, so when one task writes to
+/// several writers in turn, the byte budget must hold one part per open writer.
+#[derive(Debug)]
+pub struct FileWriter {
+    up: Arc<Uploader>,
+    path: Path,
+    rel: String,
+    rank: Option<u32>,
+    /// The part being filled: frozen pieces, then an owned tail.
+    chunks: Vec<Bytes>,
+    tail: BytesMut,
+    cur_len: u64,
+    cur_crc: Crc32c,
+    permit: Option<BudgetPermit>,
+    parts: Vec<(u32, u64)>,
+    size: u64,
+    upload: Option<Box<dyn MultipartUpload>>,
+    in_flight: JoinSet<Result<()>>,
+    poisoned: bool,
+}
+
+impl FileWriter {
+    pub(crate) fn new(up: Arc<Uploader>, path: Path, rel: String, rank: Option<u32>) -> Self {
+        Self {
+            up,
+            path,
+            rel,
+            rank,
+            chunks: Vec::new(),
+            tail: BytesMut::new(),
+            cur_len: 0,
+            cur_crc: Crc32c::new(),
+            permit: None,
+            parts: Vec::new(),
+            size: 0,
+            upload: None,
+            in_flight: JoinSet::new(),
+            poisoned: false,
+        }
+    }
+
+    /// The object this writer creates.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.size
+    }
+
+    /// Appends a copy of `data`.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        self.check()?;
+        while !data.is_empty() {
+            let room = self.make_room().await?;
+            let n = usize::try_from(room).unwrap_or(usize::MAX).min(data.len());
+            let (head, rest) = data.split_at(n);
+            if self.tail.capacity() - self.tail.len() < n {
+                // Reserve the rest of the part at once so a part is at most one allocation.
+                self.tail
+                    .reserve(usize::try_from(room).unwrap_or(usize::MAX).max(n));
+            }
+            self.tail.extend_from_slice(head);
+            self.account(head);
+            data = rest;
+        }
+        Ok(())
+    }
+
+    /// Appends `data` without copying it (the part holds a reference until it is uploaded).
+    pub async fn write_bytes(&mut self, mut data: Bytes) -> Result<()> {
+        self.check()?;
+        while !data.is_empty() {
+            let room = self.make_room().await?;
+            let n = usize::try_from(room).unwrap_or(usize::MAX).min(data.len());
+            let head = data.split_to(n);
+            if !self.tail.is_empty() {
+                let tail = self.tail.split().freeze();
+                self.chunks.push(tail);
+            }
+            self.account(&head);
+            self.chunks.push(head);
+        }
+        Ok(())
+    }
+
+    /// Appends everything `reader` yields until EOF, reading straight into part buffers.
+    pub async fn write_from<R: AsyncRead + Unpin>(&mut self, reader: &mut R) -> Result<()> {
+        self.check()?;
+        loop {
+            let room = self.make_room().await?;
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            if self.tail.capacity() - self.tail.len() < room {
+                self.tail.reserve(room);
+            }
+            let start = self.tail.len();
+            let mut limited = (&mut *reader).take(room as u64);
+            let n = match limited.read_buf(&mut self.tail).await {
+                Ok(n) => n,
+                Err(source) => {
+                    self.fail().await;
+                    return Err(CheckpointError::Source {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let Self { tail, cur_crc, .. } = self;
+            if let Some(new) = tail.get(start..start + n) {
+                cur_crc.update(new);
+            }
+            self.cur_len += n as u64;
+            self.size += n as u64;
+        }
+    }
+
+    /// Uploads what is left, completes the upload and returns the file's record.
+    pub async fn finish(mut self) -> Result<FileRecord> {
+        self.check()?;
+        match self.finish_inner().await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.fail().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn finish_inner(&mut self) -> Result<FileRecord> {
+        let record = if self.upload.is_none() {
+            let payload = self.take_payload();
+            let crc = self.cur_crc.value();
+            let _slot = self.up.request_slot().await?;
+            add(&self.up.metrics.put_requests, 1);
+            self.up
+                .store
+                .put_opts(&self.path, payload, PutOptions::default())
+                .await
+                .map_err(|e| CheckpointError::store("put", &self.path, e))?;
+            self.permit = None;
+            add(&self.up.metrics.bytes_written, self.size);
+            FileRecord {
+                path: self.rel.clone(),
+                size: self.size,
+                crc32c: crc,
+                part_size: 0,
+                parts: Vec::new(),
+                rank: self.rank,
+            }
+        } else {
+            if self.cur_len > 0 {
+                self.seal_part().await?;
+            }
+            while let Some(joined) = self.in_flight.join_next().await {
+                flatten(joined, &self.path)?;
+            }
+            if let Some(upload) = self.upload.as_mut() {
+                upload
+                    .complete()
+                    .await
+                    .map_err(|e| CheckpointError::store("complete", &self.path, e))?;
+            }
+            self.upload = None;
+            FileRecord {
+                path: self.rel.clone(),
+                size: self.size,
+                crc32c: combine_parts(self.parts.iter().copied()),
+                part_size: self.up.part_size,
+                parts: self.parts.iter().map(|(c, _)| *c).collect(),
+                rank: self.rank,
+            }
+        };
+        add(&self.up.metrics.files_written, 1);
+        debug!(path = %self.path, size = record.size, parts = record.parts.len(), "uploaded");
+        Ok(record)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(CheckpointError::Aborted {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn account(&mut self, data: &[u8]) {
+        self.cur_crc.update(data);
+        self.cur_len += data.len() as u64;
+        self.size += data.len() as u64;
+    }
+
+    /// Bytes that fit in the current part, sealing a full part first (only once more data is
+    /// known to follow, so a file of exactly one part stays a single PUT) and taking budget for
+    /// a new part when none is held.
+    async fn make_room(&mut self) -> Result<u64> {
+        if self.cur_len >= self.up.part_size {
+            if let Err(e) = self.seal_part().await {
+                self.fail().await;
+                return Err(e);
+            }
+        }
+        if self.permit.is_none() {
+            self.permit = Some(self.up.budget.acquire(self.up.part_size).await?);
+        }
+        Ok(self.up.part_size - self.cur_len)
+    }
+
+    fn take_payload(&mut self) -> PutPayload {
+        if !self.tail.is_empty() {
+            let tail = self.tail.split().freeze();
+            self.chunks.push(tail);
+        }
+        // Release the spare capacity reserved for this part.
+        self.tail = BytesMut::new();
+        std::mem::take(&mut self.chunks).into_iter().collect()
+    }
+
+    async fn seal_part(&mut self) -> Result<()> {
+        let len = self.cur_len;
+        let payload = self.take_payload();
+        let crc = std::mem::take(&mut self.cur_crc).value();
+        self.cur_len = 0;
+        self.parts.push((crc, len));
+        let permit = self.permit.take();
+        if self.upload.is_none() {
+            add(&self.up.metrics.put_requests, 1);
+            let upload = self
+                .up
+                .store
+                .put_multipart_opts(&self.path, Default::default())
+                .await
+                .map_err(|e| CheckpointError::store("create_multipart", &self.path, e))?;
+            self.upload = Some(upload);
+        }
+        // Surface a failed part early instead of at finish.
+        while let Some(joined) = self.in_flight.try_join_next() {
+            flatten(joined, &self.path)?;
+        }
+        let slot = self.up.request_slot().await?;
+        let Some(upload) = self.upload.as_mut() else {
+            return Err(CheckpointError::InvalidConfig(
+                "multipart upload vanished".into(),
+            ));
+        };
+        add(&self.up.metrics.put_requests, 1);
+        let fut = upload.put_part(payload);
+        let path = self.path.clone();
+        let metrics = self.up.metrics.clone();
+        self.in_flight.spawn(async move {
+            let r = fut.await;
+            drop(slot);
+            drop(permit);
+            r.map_err(|e| CheckpointError::store("put_part", &path, e))?;
+            add(&metrics.bytes_written, len);
+            Ok(())
+        });
+        Ok(())
+    }
+
+    /// Stops everything and aborts the multipart upload.
+    async fn fail(&mut self) {
+        self.poisoned = true;
+        self.in_flight.abort_all();
+        while self.in_flight.join_next().await.is_some() {}
+        self.chunks.clear();
+        self.tail = BytesMut::new();
+        self.permit = None;
+        if let Some(mut upload) = self.upload.take() {
+            add(&self.up.metrics.uploads_aborted, 1);
+            if let Err(e) = upload.abort().await {
+                warn!(path = %self.path, error = %e, "aborting the multipart upload failed; a bucket lifecycle rule will reap it");
+            }
+        }
+    }
+}
+
+impl Drop for FileWriter {
+    fn drop(&mut self) {
+        if let Some(mut upload) = self.upload.take() {
+            add(&self.up.metrics.uploads_aborted, 1);
+            self.in_flight.abort_all();
+            let path = self.path.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => {
+                    h.spawn(async move {
+                        if let Err(e) = upload.abort().await {
+                            warn!(path = %path, error = %e, "aborting a dropped multipart upload failed");
+                        }
+                    });
+                }
+                Err(_) => {
+                    warn!(path = %path, "multipart upload dropped outside a runtime; not aborted")
+                }
+            }
+        }
+    }
+}
+
+fn flatten(joined: Result<Result<()>, tokio::task::JoinError>, path: &Path) -> Result<()> {
+    match joined {
+        Ok(r) => r,
+        Err(source) => Err(CheckpointError::Store {
+            op: "put_part",
+            path: path.clone(),
+            source: object_store::Error::JoinError { source },
+        }),
+    }
+}
