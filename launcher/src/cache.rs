@@ -1,0 +1,355 @@
+//! The node's cache folder, `<cache-root>/<run-id>/<node-rank>/` (DESIGN.md §4, the seeds'
+//! `/run1/{j}`), and the lease a run holds on it.
+//!
+//! Two files at the folder's top belong to the launcher (the streamer's own files sit beside
+//! them and are left alone):
+//! - `SHARDSTREAM-RUN`: a JSON marker naming the run id and node rank. A folder whose marker
+//!   names another run is refused, so two runs never share one, even where a case-insensitive
+//!   file system or a hand-made path would make their names meet. Its mtime is the last time a
+//!   run used the folder, which `cache gc --older-than` reads.
+//! - `SHARDSTREAM-RUN.lock`: held shared by every [`RunLease`] for the whole run; `cache gc`
+//!   takes it exclusively, so it never removes a folder in use.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::error::{io_err, LauncherError, Result};
+use crate::lock::{lock_shared, open_lock_file};
+use crate::resolve::{Resolved, CACHE_DIR_ENV, CACHE_ROOT_ENV};
+
+/// The marker file naming the folder's run and node.
+pub const MARKER_FILE: &str = "SHARDSTREAM-RUN";
+/// The lock file held shared while a run uses the folder.
+pub const LEASE_LOCK_FILE: &str = "SHARDSTREAM-RUN.lock";
+/// The streamer cache's own marker (streamer `cache/layout.rs`): also marks a folder as ours.
+pub const STREAMER_MARKER_FILE: &str = "SHARDSTREAM-CACHE";
+/// The streamer cache's open lock, held shared by every process that has the cache open.
+pub const STREAMER_OPEN_LOCK: &str = "cache.lock";
+
+/// How often [`prepare_cache_dir`] retries when a concurrent gc moves the folder away.
+const PREPARE_ATTEMPTS: u32 = 3;
+
+/// The cache root when neither a flag nor `SHARDSTREAM_CACHE_ROOT` names one:
+/// `$XDG_CACHE_HOME/shardstream`, else `$HOME/.cache/shardstream`, else
+/// `/tmp/shardstream-cache`. The deploy manifests always set it (or the folder itself).
+pub fn default_cache_root(env: &impl Fn(&str) -> Option<String>) -> PathBuf {
+    let get = |name: &str| env(name).filter(|v| !v.is_empty());
+    if let Some(root) = get(CACHE_ROOT_ENV) {
+        return PathBuf::from(root);
+    }
+    if let Some(xdg) = get("XDG_CACHE_HOME") {
+        return Path::new(&xdg).join("shardstream");
+    }
+    if let Some(home) = get("HOME") {
+        return Path::new(&home).join(".cache").join("shardstream");
+    }
+    PathBuf::from("/tmp/shardstream-cache")
+}
+
+/// `<root>/<run-id>/<node-rank>`.
+pub fn cache_dir(root: &Path, resolved: &Resolved) -> PathBuf {
+    root.join(&resolved.run_id)
+        .join(resolved.node_rank.to_string())
+}
+
+/// Where this node's cache folder is, in order:
+/// 1. `<flag_root>/<run-id>/<node-rank>` when `--cache-root` is given;
+/// 2. `SHARDSTREAM_CACHE_DIR` as is: the folder was keyed outside, by a volume mounted with
+///    `subPathExpr: $(SHARDSTREAM_RUN_ID)/$(SHARDSTREAM_NODE_RANK)` (deploy/), or by a parent
+///    `shardstream run` that exported it;
+/// 3. `<SHARDSTREAM_CACHE_ROOT or the default root>/<run-id>/<node-rank>`.
+pub fn locate_cache_dir(
+    flag_root: Option<&Path>,
+    resolved: &Resolved,
+    env: &impl Fn(&str) -> Option<String>,
+) -> PathBuf {
+    if let Some(root) = flag_root {
+        return cache_dir(root, resolved);
+    }
+    if let Some(dir) = env(CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    cache_dir(&default_cache_root(env), resolved)
+}
+
+/// What `SHARDSTREAM-RUN` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    /// The run the folder belongs to.
+    pub run_id: String,
+    /// The node the folder belongs to.
+    pub node_rank: u32,
+    /// When the folder was first prepared (seconds since the epoch).
+    pub created_unix: u64,
+}
+
+/// A run's hold on its cache folder: while it lives, `cache gc` leaves the folder alone.
+/// Dropping it stamps the marker's mtime, so an age-based gc counts from the end of the run.
+#[derive(Debug)]
+pub struct RunLease {
+    dir: PathBuf,
+    marker: Marker,
+    _lock: File,
+}
+
+impl RunLease {
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its marker.
+    pub fn marker(&self) -> &Marker {
+        &self.marker
+    }
+}
+
+impl Drop for RunLease {
+    fn drop(&mut self) {
+        let path = self.dir.join(MARKER_FILE);
+        let stamped = File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()));
+        if let Err(e) = stamped {
+            warn!(path = %path.display(), error = %e, "could not stamp the cache marker");
+        }
+    }
+}
+
+/// Creates `dir` if needed, checks or writes its marker, and takes the run's shared lease.
+///
+/// Safe against a concurrent `cache gc`: the gc holds the lease lock exclusively while it
+/// moves a folder away, so a lease taken on a moved folder is noticed (the lock file is no
+/// longer at `dir`) and the folder is made again.
+pub fn prepare_cache_dir(dir: &Path, resolved: &Resolved) -> Result<RunLease> {
+    for attempt in 1..=PREPARE_ATTEMPTS {
+        fs::create_dir_all(dir).map_err(io_err("create folder", dir))?;
+        let lock_path = dir.join(LEASE_LOCK_FILE);
+        let lock = open_lock_file(&lock_path).map_err(io_err("open", &lock_path))?;
+        lock_shared(&lock).map_err(io_err("lock", &lock_path))?;
+        if !same_file(&lock, &lock_path)? {
+            debug!(dir = %dir.display(), attempt, "cache folder moved by gc; making it again");
+            continue;
+        }
+        let marker = check_or_write_marker(dir, resolved)?;
+        return Ok(RunLease {
+            dir: dir.to_path_buf(),
+            marker,
+            _lock: lock,
+        });
+    }
+    Err(LauncherError::CacheDirRacing {
+        dir: dir.to_path_buf(),
+        attempts: PREPARE_ATTEMPTS,
+    })
+}
+
+/// Whether the open `file` is still the file at `path`.
+fn same_file(file: &File, path: &Path) -> Result<bool> {
+    let held = file.metadata().map_err(io_err("stat", path))?;
+    match fs::metadata(path) {
+        Ok(now) => Ok(now.dev() == held.dev() && now.ino() == held.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("stat", path)(e)),
+    }
+}
+
+/// Reads a folder's marker; `None` if it has none.
+pub fn read_marker(dir: &Path) -> Result<Option<Marker>> {
+    let path = dir.join(MARKER_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("read", &path)(e)),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| LauncherError::BadMarker {
+            path,
+            reason: e.to_string(),
+        })
+}
+
+fn check_or_write_marker(dir: &Path, resolved: &Resolved) -> Result<Marker> {
+    if let Some(found) = read_marker(dir)? {
+        if found.run_id != resolved.run_id || found.node_rank != resolved.node_rank {
+            return Err(LauncherError::ForeignCacheDir {
+                dir: dir.to_path_buf(),
+                found_run: found.run_id,
+                found_node: found.node_rank,
+                run: resolved.run_id.clone(),
+                node: resolved.node_rank,
+            });
+        }
+        let path = dir.join(MARKER_FILE);
+        File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()))
+            .map_err(io_err("stamp", &path))?;
+        return Ok(found);
+    }
+    let marker = Marker {
+        run_id: resolved.run_id.clone(),
+        node_rank: resolved.node_rank,
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    write_marker(dir, &marker)?;
+    Ok(marker)
+}
+
+/// Writes the marker complete or not at all: temp file (named per process, so racing writers
+/// never rename each other's half-written file), fsync, rename.
+fn write_marker(dir: &Path, marker: &Marker) -> Result<()> {
+    let path = dir.join(MARKER_FILE);
+    let tmp = dir.join(format!(".{MARKER_FILE}.{}.tmp", std::process::id()));
+    let mut body = serde_json::to_vec(marker).map_err(|e| LauncherError::BadMarker {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    body.push(b'\n');
+    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(&body).map_err(io_err("write", &tmp))?;
+    f.sync_all().map_err(io_err("fsync", &tmp))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolve::Source;
+
+    fn resolved(run: &str, node: u32) -> Resolved {
+        Resolved {
+            run_id: run.into(),
+            run_id_from: Source::Flag,
+            node_rank: node,
+            node_rank_from: Source::Flag,
+            process: None,
+        }
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn keyed_by_run_and_node() {
+        assert_eq!(
+            cache_dir(Path::new("/efs"), &resolved("run1", 3)),
+            PathBuf::from("/efs/run1/3")
+        );
+    }
+
+    #[test]
+    fn location_precedence() {
+        let r = resolved("r", 1);
+        let env = env_of(&[
+            ("SHARDSTREAM_CACHE_DIR", "/mnt/node"),
+            ("SHARDSTREAM_CACHE_ROOT", "/root"),
+            ("HOME", "/home/u"),
+        ]);
+        assert_eq!(
+            locate_cache_dir(Some(Path::new("/flag")), &r, &env),
+            PathBuf::from("/flag/r/1")
+        );
+        assert_eq!(locate_cache_dir(None, &r, &env), PathBuf::from("/mnt/node"));
+        let env = env_of(&[("SHARDSTREAM_CACHE_ROOT", "/root"), ("HOME", "/home/u")]);
+        assert_eq!(locate_cache_dir(None, &r, &env), PathBuf::from("/root/r/1"));
+        let env = env_of(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/home/u")]);
+        assert_eq!(default_cache_root(&env), PathBuf::from("/xdg/shardstream"));
+        let env = env_of(&[("SHARDSTREAM_CACHE_DIR", ""), ("HOME", "/home/u")]);
+        assert_eq!(
+            locate_cache_dir(None, &r, &env),
+            PathBuf::from("/home/u/.cache/shardstream/r/1")
+        );
+        assert_eq!(
+            default_cache_root(&env_of(&[])),
+            PathBuf::from("/tmp/shardstream-cache")
+        );
+    }
+
+    #[test]
+    fn prepare_writes_marker_and_reuses_it() {
+        let root = tempfile::tempdir().unwrap();
+        let r = resolved("run1", 0);
+        let dir = cache_dir(root.path(), &r);
+        let first = prepare_cache_dir(&dir, &r).unwrap();
+        let marker = read_marker(&dir).unwrap().unwrap();
+        assert_eq!(marker.run_id, "run1");
+        assert_eq!(marker.node_rank, 0);
+        assert_eq!(first.marker(), &marker);
+        // A second process of the same run (or a restart) shares the folder and the marker.
+        let second = prepare_cache_dir(&dir, &r).unwrap();
+        assert_eq!(second.marker().created_unix, marker.created_unix);
+        assert!(dir.join(LEASE_LOCK_FILE).exists());
+    }
+
+    #[test]
+    fn refuses_a_folder_of_another_run_or_node() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("shared");
+        let _a = prepare_cache_dir(&dir, &resolved("a", 0)).unwrap();
+        let err = prepare_cache_dir(&dir, &resolved("b", 0)).unwrap_err();
+        assert!(
+            matches!(&err, LauncherError::ForeignCacheDir { found_run, run, .. } if found_run == "a" && run == "b"),
+            "{err}"
+        );
+        let err = prepare_cache_dir(&dir, &resolved("a", 1)).unwrap_err();
+        assert!(matches!(
+            err,
+            LauncherError::ForeignCacheDir {
+                found_node: 0,
+                node: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn refuses_a_corrupt_marker() {
+        let root = tempfile::tempdir().unwrap();
+        fs::write(root.path().join(MARKER_FILE), "not json").unwrap();
+        let err = prepare_cache_dir(root.path(), &resolved("a", 0)).unwrap_err();
+        assert!(matches!(err, LauncherError::BadMarker { .. }), "{err}");
+    }
+
+    #[test]
+    fn dropping_the_lease_stamps_the_marker() {
+        let root = tempfile::tempdir().unwrap();
+        let r = resolved("run1", 0);
+        let dir = cache_dir(root.path(), &r);
+        let lease = prepare_cache_dir(&dir, &r).unwrap();
+        let old = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        File::options()
+            .write(true)
+            .open(dir.join(MARKER_FILE))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        drop(lease);
+        let stamped = fs::metadata(dir.join(MARKER_FILE))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert!(stamped > old);
+    }
+}

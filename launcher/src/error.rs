@@ -1,0 +1,139 @@
+//! The launcher's error type: one enum, each variant naming the variable, folder or program it is
+//! about, worded so that the one-line message tells the user what to set or fix.
+
+use std::io;
+use std::path::PathBuf;
+
+/// A `Result` with [`LauncherError`].
+pub type Result<T, E = LauncherError> = std::result::Result<T, E>;
+
+/// What can go wrong while resolving the run, preparing its cache or supervising the command.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LauncherError {
+    /// No source gave a run id. A random one would orphan the cache at the next restart, so the
+    /// launcher refuses instead.
+    #[error(
+        "no run id: set SHARDSTREAM_RUN_ID (the deploy/ manifests pass the Job, JobSet or \
+         PyTorchJob name into it) or pass --run-id; TORCHELASTIC_RUN_ID is {torchelastic}"
+    )]
+    MissingRunId {
+        /// What `TORCHELASTIC_RUN_ID` held (`unset`, or torchrun's default `"none"`).
+        torchelastic: String,
+    },
+    /// A run id that cannot be used as one folder name.
+    #[error("run id {value:?} (from {var}) is not usable as a folder name: {reason}")]
+    InvalidRunId {
+        /// Where it came from (an environment variable, or `--run-id`).
+        var: &'static str,
+        /// The value.
+        value: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// No source gave a node rank while the environment says there are several nodes, so a
+    /// default of 0 would make every node share one cache folder.
+    #[error(
+        "no node rank: {hint}; set SHARDSTREAM_NODE_RANK (for an elastic PyTorchJob, from the \
+         pod label training.kubeflow.org/replica-index) or run under an Indexed Job"
+    )]
+    MissingNodeRank {
+        /// What in the environment shows this is a multi-node run.
+        hint: String,
+    },
+    /// An environment variable that must hold a non-negative integer does not.
+    #[error("{var}={value:?} is not a non-negative integer")]
+    InvalidInteger {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The process rank variables contradict each other.
+    #[error("inconsistent torchrun environment: {reason}")]
+    InconsistentRanks {
+        /// Which numbers disagree.
+        reason: String,
+    },
+    /// The cache folder holds the marker of another run or node.
+    #[error(
+        "cache folder {dir} belongs to run {found_run:?} node {found_node}, not run {run:?} node \
+         {node}; two runs never share a folder: pick another run id or cache root"
+    )]
+    ForeignCacheDir {
+        /// The folder.
+        dir: PathBuf,
+        /// The run id in its marker.
+        found_run: String,
+        /// The node rank in its marker.
+        found_node: u32,
+        /// The run id being prepared.
+        run: String,
+        /// The node rank being prepared.
+        node: u32,
+    },
+    /// A marker file that does not parse.
+    #[error("cache marker {path} is unreadable: {reason}")]
+    BadMarker {
+        /// The marker file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The cache folder kept moving while it was being prepared (a concurrent `cache gc`).
+    #[error("cache folder {dir} was removed while being prepared, {attempts} times")]
+    CacheDirRacing {
+        /// The folder.
+        dir: PathBuf,
+        /// How many times it was tried.
+        attempts: u32,
+    },
+    /// A file-system call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done (`"create folder"`, `"lock"`, ...).
+        op: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The command to supervise was empty.
+    #[error("no command to run: give one after `--`")]
+    EmptyCommand,
+    /// The command could not be started.
+    #[error("could not start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for the command failed.
+    #[error("waiting for {program}: {source}")]
+    Wait {
+        /// The program.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {source}")]
+    Signals {
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Builds the `map_err` closure for an I/O error on `path`.
+pub(crate) fn io_err(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(io::Error) -> LauncherError {
+    let path = path.into();
+    move |source| LauncherError::Io { op, path, source }
+}

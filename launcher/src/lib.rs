@@ -1,0 +1,52 @@
+//! What `shardstream run` does in a pod, as a library: work out which run and node this is,
+//! prepare the node's cache folder, start the command (torchrun) under supervision, and clean
+//! up; plus `shardstream cache gc`. No argument parsing: the CLI maps its flags onto this.
+//!
+//! - [`resolve`] / [`resolve_with`]: run id and node rank from the environment of any common
+//!   launcher (Indexed Job, JobSet, PyTorchJob, TrainJob, torchrun), DESIGN.md §4.
+//! - [`locate_cache_dir`], [`prepare_cache_dir`]: `<cache-root>/<run-id>/<node-rank>/` with a
+//!   marker that keeps two runs apart, and a [`RunLease`] that keeps the gc away.
+//! - [`Supervisor`]: runs the command in its own process group, forwards `SIGTERM`/`SIGINT`/
+//!   `SIGHUP`, kills after a grace period, returns the exit code, runs shutdown hooks.
+//! - [`cache_gc`]: removes the folders of runs that are over and unused.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use shardstream_launcher::{locate_cache_dir, os_env, prepare_cache_dir, resolve_with, Overrides, Supervisor};
+//!
+//! # fn main() -> Result<(), shardstream_launcher::LauncherError> {
+//! let resolved = resolve_with(&Overrides::default(), &os_env)?;
+//! resolved.log();
+//! let dir = locate_cache_dir(None, &resolved, &os_env);
+//! let lease = prepare_cache_dir(&dir, &resolved)?;
+//! let outcome = Supervisor::new(["torchrun", "--nproc-per-node=8", "train.py"])?
+//!     .export_resolved(&resolved, lease.dir())
+//!     .grace_period(Duration::from_secs(20))
+//!     .on_shutdown("unmount", Duration::from_secs(5), |_deadline| Ok(()))
+//!     .run()?;
+//! drop(lease);
+//! std::process::exit(outcome.exit_code);
+//! # }
+//! ```
+
+pub mod cache;
+pub mod error;
+pub mod gc;
+pub mod hooks;
+mod lock;
+pub mod resolve;
+pub mod signals;
+pub mod supervise;
+
+pub use cache::{
+    cache_dir, default_cache_root, locate_cache_dir, prepare_cache_dir, read_marker, Marker,
+    RunLease,
+};
+pub use error::{LauncherError, Result};
+pub use gc::{cache_gc, list_runs, GcReport, RunDir};
+pub use hooks::{HookReport, HookResult};
+pub use resolve::{
+    os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank, Resolved, Source,
+};
+pub use signals::{ForwardSignal, OsSignals, Signaller};
+pub use supervise::{exit_code, Outcome, Running, Supervisor, DEFAULT_GRACE};
