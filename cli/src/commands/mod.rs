@@ -1,0 +1,57 @@
+//! One module per subcommand; [`run`] dispatches.
+
+use crate::Global;
+
+pub mod cat;
+pub mod inspect;
+pub mod merge_index;
+pub mod shard;
+pub mod transfer;
+pub mod unavailable;
+pub mod verify;
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Convert raw data (files, ImageFolder, JSONL, WebDataset, MDS, LitData) into MDS or WebDataset
+    /// shards, locally or straight to an object store.
+    Shard(shard::ShardArgs),
+    /// Merge ROOT/*/index.json (parts written with `shard --part`) into ROOT/index.json, as
+    /// Mosaic's merge_index does.
+    MergeIndex(merge_index::MergeIndexArgs),
+    /// Upload a local folder to a remote location: parallel, resumable, verified.
+    Upload(transfer::TransferArgs),
+    /// Download a remote folder to a local one: parallel, resumable, verified.
+    Download(transfer::TransferArgs),
+    /// Describe a dataset: format, shards, samples, bytes, columns, compression, hashes.
+    Inspect(inspect::InspectArgs),
+    /// Check every shard's size and recorded hashes; non-zero exit on any mismatch.
+    Verify(verify::VerifyArgs),
+    /// Print samples, in dataset order.
+    Cat(cat::CatArgs),
+    /// Stream one epoch: pre-warm a cache, or measure throughput.
+    Stream(unavailable::StreamArgs),
+    /// Mount a dataset read-only with FUSE.
+    Mount(unavailable::MountArgs),
+    /// Checkpoint management.
+    Ckpt(unavailable::CkptArgs),
+    /// Pod entrypoint around torchrun: prepare the cache, mount, export the env, clean up.
+    Run(unavailable::RunArgs),
+}
+
+/// Runs `command`.
+pub fn run(command: Command, global: &Global) -> anyhow::Result<()> {
+    match command {
+        Command::Shard(args) => shard::run(args, global),
+        Command::MergeIndex(args) => merge_index::run(args),
+        Command::Upload(args) => transfer::upload(args, global),
+        Command::Download(args) => transfer::download(args, global),
+        Command::Inspect(args) => inspect::run(args, global),
+        Command::Verify(args) => verify::run(args, global),
+        Command::Cat(args) => cat::run(args, global),
+        Command::Stream(_) => unavailable::not_available(3),
+        Command::Mount(_) => unavailable::not_available(5),
+        Command::Ckpt(_) => unavailable::not_available(6),
+        Command::Run(_) => unavailable::not_available(7),
+    }
+}
