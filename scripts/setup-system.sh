@@ -5,6 +5,8 @@ set -euo pipefail
 need=()
 command -v python3 >/dev/null || need+=(python3 python3-venv)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# FUSE mounts in the tests (fusermount3, /etc/fuse.conf for allow_other).
+command -v fusermount3 >/dev/null || need+=(fuse3)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -26,9 +26,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast
 
+step "python binding (maturin develop into .venv)"
+(cd pyo3-bindings && "$root/.venv/bin/maturin" develop --profile dev --quiet)
+
 step "pytest"
 export SHARDSTREAM_BIN="$root/target/debug/shardstream"
-"$root/.venv/bin/python" -m pytest -q tests/python
+"$root/.venv/bin/python" -m pytest -q tests/python tests/deploy
 
 step "fuzz smoke"
 bash scripts/fuzz-smoke.sh

@@ -2,10 +2,15 @@
 
 use crate::Global;
 
+pub mod cache;
 pub mod cat;
+pub mod ckpt;
 pub mod inspect;
 pub mod merge_index;
+pub mod mount;
+pub mod run;
 pub mod shard;
+pub mod stream;
 pub mod transfer;
 pub mod unavailable;
 pub mod verify;
@@ -30,13 +35,15 @@ pub enum Command {
     /// Print samples, in dataset order.
     Cat(cat::CatArgs),
     /// Stream one epoch: pre-warm a cache, or measure throughput.
-    Stream(unavailable::StreamArgs),
+    Stream(stream::StreamArgs),
     /// Mount a dataset read-only with FUSE.
-    Mount(unavailable::MountArgs),
+    Mount(mount::MountArgs),
     /// Checkpoint management.
-    Ckpt(unavailable::CkptArgs),
+    Ckpt(ckpt::CkptArgs),
     /// Pod entrypoint around torchrun: prepare the cache, mount, export the env, clean up.
-    Run(unavailable::RunArgs),
+    Run(run::RunArgs),
+    /// Node cache maintenance.
+    Cache(cache::CacheArgs),
 }
 
 /// Runs `command`.
@@ -49,9 +56,10 @@ pub fn run(command: Command, global: &Global) -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(args, global),
         Command::Verify(args) => verify::run(args, global),
         Command::Cat(args) => cat::run(args, global),
-        Command::Stream(_) => unavailable::not_available(3),
-        Command::Mount(_) => unavailable::not_available(5),
-        Command::Ckpt(_) => unavailable::not_available(6),
-        Command::Run(_) => unavailable::not_available(7),
+        Command::Stream(args) => stream::run(args, global),
+        Command::Mount(args) => mount::run(args, global),
+        Command::Ckpt(args) => ckpt::run(args, global),
+        Command::Run(args) => run::run(args, global),
+        Command::Cache(args) => cache::run(args, global),
     }
 }

@@ -1,0 +1,21 @@
+//! The native half of the `shardstream` Python package (`shardstream._native`).
+//!
+//! The Python layer (`python/shardstream`) is thin: it adapts these types to torch's interfaces.
+//! Each submodule registers its own classes and functions; the GIL is released around every
+//! blocking call, and every error becomes one of the exceptions of [`errors`].
+
+use pyo3::prelude::*;
+
+mod checkpoint;
+mod dataset;
+mod errors;
+
+/// The `shardstream._native` module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    dataset::register(m)?;
+    checkpoint::register(m)?;
+    Ok(())
+}
