@@ -166,7 +166,7 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// Wraps an object store error, keeping `NotFound` as [`CheckpointError::MissingObject`].
-    pub(crate) fn store(op: &'static str, path: &Path, source: object_store::Error) -> Self {
+    pub fn store(op: &'static str, path: &Path, source: object_store::Error) -> Self {
         match source {
             object_store::Error::NotFound { .. } => Self::MissingObject { path: path.clone() },
             source => Self::Store {

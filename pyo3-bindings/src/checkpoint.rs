@@ -1,9 +1,524 @@
-//! Placeholder: filled in by its issue.
+//! Checkpoint storage for `shardstream.checkpoint` (torch.distributed.checkpoint backends).
+//!
+//! The Python `StorageWriter`/`StorageReader` only adapt DCP's calls; the bytes go through here:
+//! - [`CheckpointStore`]: one checkpoint root (`begin_save`, `rank_writer`, `commit`, `open`,
+//!   `latest`, `list`, `verify`);
+//! - [`RankFileWriter`]: one data file of one rank, streamed into the checkpoint crate's
+//!   bounded, parallel, checksumming uploader (items are handed over without a copy);
+//! - [`CheckpointFiles`]: ranged, checked reads of a committed checkpoint, or of a plain DCP
+//!   directory written by torch's own `FileSystemWriter` (no manifest, so nothing to check).
+//!
+//! Every call that touches storage runs on a process-wide tokio runtime with the GIL released.
 
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use shardstream_checkpoint::checksum::{crc32c, Crc32c};
+use shardstream_checkpoint::{
+    CheckpointError as CoreError, CheckpointInfo, CheckpointReader, CheckpointRoot, CommitRequest,
+    FileRecord, FileWriter, SaveAttempt, UploadConfig,
+};
 
-/// Adds this module's classes and functions.
+use crate::errors;
+
+/// Ranged GETs in flight for one `read_ranges` call.
+const READ_CONCURRENCY: usize = 32;
+
+/// The tokio runtime of this process. A forked child (DataLoader workers) makes its own: the
+/// parent's worker threads do not exist in the child.
+fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
+    /// The runtime and the process id that made it.
+    type Owned = Option<(u32, Arc<tokio::runtime::Runtime>)>;
+    static RT: OnceLock<Mutex<Owned>> = OnceLock::new();
+    let cell = RT.get_or_init(|| Mutex::new(None));
+    let mut guard = cell
+        .lock()
+        .map_err(|_| errors::CheckpointError::new_err("checkpoint runtime lock poisoned"))?;
+    let pid = std::process::id();
+    if let Some((owner, rt)) = guard.as_ref() {
+        if *owner == pid {
+            return Ok(rt.clone());
+        }
+    }
+    if let Some((_, stale)) = guard.take() {
+        // Inherited across fork: its threads are gone, so dropping it could hang. Leak it.
+        std::mem::forget(stale);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("shardstream-ckpt")
+        .build()
+        .map_err(|e| errors::CheckpointError::new_err(format!("starting tokio runtime: {e}")))?;
+    let rt = Arc::new(rt);
+    *guard = Some((pid, rt.clone()));
+    Ok(rt)
+}
+
+/// Runs the future `make` returns on the runtime with the GIL released. The future is made on
+/// the calling thread's side of the GIL release, so it need not be `Send`; what `make` captures
+/// must be.
+fn block_on<T, F>(py: Python<'_>, make: impl FnOnce() -> F + Send) -> PyResult<T>
+where
+    T: Send,
+    F: std::future::Future<Output = Result<T, CoreError>>,
+{
+    let rt = runtime()?;
+    py.detach(move || rt.block_on(make())).map_err(to_py)
+}
+
+/// The one mapping from checkpoint errors to the Python exception tree.
+fn to_py(e: CoreError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        CoreError::ChecksumMismatch { .. } | CoreError::SizeMismatch { .. } => {
+            errors::HashMismatchError::new_err(msg)
+        }
+        CoreError::InvalidManifest { .. } => errors::CorruptDataError::new_err(msg),
+        CoreError::MissingObject { .. } => errors::NotFoundError::new_err(msg),
+        CoreError::Store { .. } | CoreError::Location { .. } => errors::StorageError::new_err(msg),
+        _ => errors::CheckpointError::new_err(msg),
+    }
+}
+
+fn json_err(what: &str, e: serde_json::Error) -> PyErr {
+    PyValueError::new_err(format!("{what}: {e}"))
+}
+
+/// A checkpoint root: `<root>/<checkpoint-id>/…` in an object store or directory.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct CheckpointStore {
+    root: CheckpointRoot,
+    url: String,
+}
+
+#[pymethods]
+impl CheckpointStore {
+    /// Opens a root URL (`s3://…`, `gs://…`, `az://…`, `file://…`) or a local path.
+    #[new]
+    fn new(url: &str) -> PyResult<Self> {
+        let root = CheckpointRoot::open_url(url).map_err(to_py)?;
+        Ok(Self {
+            root,
+            url: url.to_owned(),
+        })
+    }
+
+    /// The URL it was opened with.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CheckpointStore({:?})", self.url)
+    }
+
+    /// Coordinator: starts a save of `id` and returns the attempt directory name. Raises
+    /// `CheckpointError` if `id` is already committed.
+    fn begin_save(&self, py: Python<'_>, id: &str) -> PyResult<String> {
+        let a = block_on(py, || self.root.begin_save(id))?;
+        Ok(a.attempt().to_owned())
+    }
+
+    /// A writer for file `name` of `rank` in attempt `attempt` of checkpoint `id`.
+    #[pyo3(signature = (id, attempt, rank, name, part_size=None, memory_budget=None, max_concurrent_requests=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn create_file(
+        &self,
+        id: &str,
+        attempt: &str,
+        rank: u32,
+        name: &str,
+        part_size: Option<u64>,
+        memory_budget: Option<u64>,
+        max_concurrent_requests: Option<usize>,
+    ) -> PyResult<RankFileWriter> {
+        let mut config = UploadConfig::default();
+        if let Some(p) = part_size {
+            config.part_size = p;
+            config.memory_budget = config.memory_budget.max(2 * p);
+        }
+        if let Some(b) = memory_budget {
+            config.memory_budget = b;
+        }
+        if let Some(c) = max_concurrent_requests {
+            config.max_concurrent_requests = c;
+        }
+        let attempt = SaveAttempt::new(id, attempt).map_err(to_py)?;
+        let writer = self
+            .root
+            .rank_writer(&attempt, rank, &config)
+            .map_err(to_py)?;
+        let file = writer.create(name).map_err(to_py)?;
+        Ok(RankFileWriter {
+            inner: Mutex::new(Some(file)),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Coordinator: commits `id` (attempt `attempt`) with every rank's file records (JSON
+    /// strings from `RankFileWriter.finish`). `metadata_json` is a JSON object stored in the
+    /// manifest; `aliases` are `(root name, attempt file name)` pairs published after the commit.
+    /// Returns the manifest as JSON.
+    #[pyo3(signature = (id, attempt, records, world_size, step=None, metadata_json=None, aliases=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        attempt: &str,
+        records: Vec<String>,
+        world_size: u32,
+        step: Option<u64>,
+        metadata_json: Option<&str>,
+        aliases: Vec<(String, String)>,
+    ) -> PyResult<String> {
+        let attempt = SaveAttempt::new(id, attempt).map_err(to_py)?;
+        let records = records
+            .iter()
+            .map(|r| serde_json::from_str::<FileRecord>(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| json_err("file record", e))?;
+        let metadata = match metadata_json {
+            Some(s) => serde_json::from_str(s).map_err(|e| json_err("manifest metadata", e))?,
+            None => serde_json::Map::new(),
+        };
+        let req = CommitRequest {
+            records,
+            world_size,
+            step,
+            metadata,
+            aliases,
+        };
+        let manifest = block_on(py, || self.root.commit(&attempt, req))?;
+        manifest
+            .to_json()
+            .map_err(to_py)
+            .and_then(|v| String::from_utf8(v).map_err(|e| PyValueError::new_err(e.to_string())))
+    }
+
+    /// The committed checkpoints, oldest first, as dicts.
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let infos = block_on(py, || self.root.list())?;
+        let dicts = infos
+            .iter()
+            .map(|i| info_dict(py, i))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, dicts)
+    }
+
+    /// The newest committed checkpoint as a dict, or `None`.
+    fn latest<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match block_on(py, || self.root.latest())? {
+            Some(i) => Ok(Some(info_dict(py, &i)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads every byte of `id` and checks it; returns `(files, bytes, [problems])`.
+    fn verify(&self, py: Python<'_>, id: &str) -> PyResult<(usize, u64, Vec<String>)> {
+        let r = block_on(py, || self.root.verify(id))?;
+        let failures = r.failures.iter().map(|f| f.to_string()).collect();
+        Ok((r.files_checked, r.bytes_checked, failures))
+    }
+
+    /// Opens checkpoint `id` for reading: committed (manifest, checked reads), or, when it has
+    /// no manifest but a DCP `.metadata` (torch's `FileSystemWriter`), as a plain directory
+    /// whose reads cannot be checked.
+    fn open(&self, py: Python<'_>, id: &str) -> PyResult<CheckpointFiles> {
+        let root = self.root.clone();
+        let id_owned = id.to_owned();
+        let source = block_on(py, move || async move {
+            match root.open(&id_owned).await {
+                Ok(r) => Ok(Source::Committed(r)),
+                Err(CoreError::NotCommitted { id, path }) => {
+                    let dir = root.checkpoint_dir(&id);
+                    let meta = shardstream_checkpoint::layout::join(&dir, ".metadata");
+                    match root.store().head(&meta).await {
+                        Ok(_) => Ok(Source::Plain {
+                            store: root.store().clone(),
+                            dir,
+                        }),
+                        Err(object_store::Error::NotFound { .. }) => {
+                            Err(CoreError::NotCommitted { id, path })
+                        }
+                        Err(e) => Err(CoreError::store("head", &meta, e)),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        })?;
+        Ok(CheckpointFiles {
+            source: Arc::new(source),
+        })
+    }
+}
+
+fn info_dict<'py>(py: Python<'py>, i: &CheckpointInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", &i.id)?;
+    d.set_item("step", i.step)?;
+    d.set_item("created_unix_ms", i.created_unix_ms)?;
+    d.set_item("world_size", i.world_size)?;
+    d.set_item("files", i.files)?;
+    d.set_item("total_bytes", i.total_bytes)?;
+    d.set_item("attempt", &i.attempt)?;
+    Ok(d)
+}
+
+/// One data file being uploaded. `write` appends an item and returns its CRC32C; `finish`
+/// completes the upload and returns the file's record as JSON. Dropped unfinished, its
+/// multipart upload is aborted.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct RankFileWriter {
+    inner: Mutex<Option<FileWriter>>,
+    name: String,
+}
+
+impl RankFileWriter {
+    fn take(&self) -> PyResult<FileWriter> {
+        self.inner
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))?
+            .take()
+            .ok_or_else(|| {
+                errors::CheckpointError::new_err(format!(
+                    "checkpoint file {}: already finished or failed",
+                    self.name
+                ))
+            })
+    }
+
+    fn put_back(&self, w: FileWriter) -> PyResult<()> {
+        *self
+            .inner
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))? = Some(w);
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl RankFileWriter {
+    /// Appends `data` (any bytes object; held, not copied, until its part is uploaded) and
+    /// returns its CRC32C. Blocks only while the upload's memory budget is full.
+    fn write(&self, py: Python<'_>, data: PyBackedBytes) -> PyResult<u32> {
+        let mut w = self.take()?;
+        let rt = runtime()?;
+        let (w, res) = py.detach(move || {
+            let mut crc = Crc32c::new();
+            crc.update(&data);
+            let crc = crc.value();
+            let res = rt.block_on(w.write_bytes(Bytes::from_owner(data)));
+            (w, res.map(|()| crc))
+        });
+        match res {
+            Ok(crc) => {
+                self.put_back(w)?;
+                Ok(crc)
+            }
+            // Dropping the writer aborts its multipart upload (inside the runtime).
+            Err(e) => {
+                let _guard = runtime()?.enter();
+                drop(w);
+                Err(to_py(e))
+            }
+        }
+    }
+
+    /// Bytes written so far.
+    fn bytes_written(&self) -> PyResult<u64> {
+        let guard = self
+            .inner
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))?;
+        Ok(guard.as_ref().map_or(0, |w| w.bytes_written()))
+    }
+
+    /// Uploads the rest and returns the file's record (JSON) for the commit.
+    fn finish(&self, py: Python<'_>) -> PyResult<String> {
+        let w = self.take()?;
+        let record = block_on(py, move || w.finish())?;
+        serde_json::to_string(&record).map_err(|e| json_err("file record", e))
+    }
+
+    /// Abandons the file (its multipart upload is aborted). Idempotent.
+    fn abort(&self) -> PyResult<()> {
+        let w = self
+            .inner
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))?
+            .take();
+        if let Some(w) = w {
+            let _guard = runtime()?.enter();
+            drop(w);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RankFileWriter {
+    fn drop(&mut self) {
+        let w = self.inner.get_mut().ok().and_then(|o| o.take());
+        if let (Some(w), Ok(rt)) = (w, runtime()) {
+            let _guard = rt.enter();
+            drop(w);
+        }
+    }
+}
+
+enum Source {
+    Committed(CheckpointReader),
+    Plain {
+        store: Arc<dyn ObjectStore>,
+        dir: Path,
+    },
+}
+
+impl Source {
+    async fn read(&self, path: &str, range: Range<u64>) -> Result<Bytes, CoreError> {
+        match self {
+            Source::Committed(r) => r.read_range(path, range).await,
+            Source::Plain { store, dir } => {
+                shardstream_checkpoint::layout::validate_relative_path(path)?;
+                let full = shardstream_checkpoint::layout::join(dir, path);
+                let got = store
+                    .get_range(&full, range.clone())
+                    .await
+                    .map_err(|e| CoreError::store("get_range", &full, e))?;
+                let want = range.end - range.start;
+                if got.len() as u64 != want {
+                    return Err(CoreError::SizeMismatch {
+                        path: full,
+                        expected: want,
+                        actual: got.len() as u64,
+                    });
+                }
+                Ok(got)
+            }
+        }
+    }
+
+    async fn read_whole(&self, path: &str) -> Result<Bytes, CoreError> {
+        match self {
+            Source::Committed(r) => r.read_file(path).await,
+            Source::Plain { store, dir } => {
+                let full = shardstream_checkpoint::layout::join(dir, path);
+                let got = store
+                    .get(&full)
+                    .await
+                    .map_err(|e| CoreError::store("get", &full, e))?;
+                got.bytes()
+                    .await
+                    .map_err(|e| CoreError::store("get", &full, e))
+            }
+        }
+    }
+
+    fn object_name(&self, path: &str) -> String {
+        match self {
+            Source::Committed(r) => r
+                .object_path(path)
+                .map(|p| p.to_string())
+                .unwrap_or_else(|_| path.to_owned()),
+            Source::Plain { dir, .. } => {
+                shardstream_checkpoint::layout::join(dir, path).to_string()
+            }
+        }
+    }
+}
+
+/// The files of one checkpoint, opened for reading.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct CheckpointFiles {
+    source: Arc<Source>,
+}
+
+#[pymethods]
+impl CheckpointFiles {
+    /// True when the checkpoint has a shardstream manifest (every read is checked).
+    #[getter]
+    fn committed(&self) -> bool {
+        matches!(*self.source, Source::Committed(_))
+    }
+
+    /// The manifest as JSON, or `None` for a plain DCP directory.
+    fn manifest_json(&self) -> PyResult<Option<String>> {
+        match &*self.source {
+            Source::Committed(r) => {
+                let v = r.manifest().to_json().map_err(to_py)?;
+                String::from_utf8(v)
+                    .map(Some)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))
+            }
+            Source::Plain { .. } => Ok(None),
+        }
+    }
+
+    /// All of file `path` (relative to the checkpoint directory), checked when committed.
+    fn read_file<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let b = block_on(py, || self.source.read_whole(path))?;
+        Ok(PyBytes::new(py, &b))
+    }
+
+    /// Reads `(path, offset, length, crc32c or None)` ranges in parallel, fetching only those
+    /// bytes, and returns them in order. A given CRC32C is checked against the bytes read; a
+    /// mismatch raises `HashMismatchError` naming the object and the range.
+    fn read_ranges<'py>(
+        &self,
+        py: Python<'py>,
+        requests: Vec<(String, u64, u64, Option<u32>)>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let source = self.source.clone();
+        let reqs = requests.clone();
+        let got: Vec<Bytes> = block_on(py, move || async move {
+            futures::stream::iter(reqs.into_iter().map(|(path, off, len, crc)| {
+                let source = source.clone();
+                async move {
+                    let end = off.checked_add(len).ok_or(CoreError::RangeOutOfBounds {
+                        path: Path::from(path.as_str()),
+                        start: off,
+                        end: u64::MAX,
+                        size: u64::MAX,
+                    })?;
+                    let b = source.read(&path, off..end).await?;
+                    if let Some(expected) = crc {
+                        let actual = crc32c(&b);
+                        if actual != expected {
+                            return Err(CoreError::ChecksumMismatch {
+                                path: Path::from(format!(
+                                    "{} bytes {off}..{end}",
+                                    source.object_name(&path)
+                                )),
+                                part: None,
+                                expected,
+                                actual,
+                            });
+                        }
+                    }
+                    Ok(b)
+                }
+            }))
+            .buffered(READ_CONCURRENCY)
+            .try_collect()
+            .await
+        })?;
+        Ok(got.iter().map(|b| PyBytes::new(py, b)).collect())
+    }
+}
+
+/// Adds this module's classes.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let _ = m;
+    m.add_class::<CheckpointStore>()?;
+    m.add_class::<RankFileWriter>()?;
+    m.add_class::<CheckpointFiles>()?;
     Ok(())
 }

@@ -1,0 +1,440 @@
+"""torch.distributed.checkpoint (DCP) backends that save to and load from object storage.
+
+    import torch.distributed.checkpoint as dcp
+    from shardstream.checkpoint import StorageWriter, StorageReader, latest
+
+    dcp.save(state, storage_writer=StorageWriter("s3://bucket/run/ckpt/step_100"))
+    url = latest("s3://bucket/run/ckpt")            # ".../step_100", or None
+    dcp.load(state, storage_reader=StorageReader(url))
+
+A checkpoint URL is ``<root>/<checkpoint-id>``. Uploads, the commit, checksums and ranged reads
+are done by the Rust core (``shardstream._native``) with the GIL released; this module only
+adapts DCP's calls. The layout keeps DCP's own ``_StorageInfo`` records and ``.metadata``, so a
+checkpoint saved here into a directory loads with torch's ``FileSystemReader``, and one saved by
+torch's ``FileSystemWriter`` loads with :class:`StorageReader`. See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import pickle
+import uuid
+from typing import Any, Iterable
+
+import torch
+from torch.distributed.checkpoint import Metadata, StorageReader as _DcpReader
+from torch.distributed.checkpoint import StorageWriter as _DcpWriter
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from shardstream._native import CheckpointError, CheckpointStore
+
+__all__ = ["StorageWriter", "StorageReader", "latest", "list_checkpoints", "verify"]
+
+log = logging.getLogger(__name__)
+
+#: The write result a rank adds to its list to carry its file records and per-item CRC32Cs to
+#: the coordinator (dropped from ``Metadata.storage_data`` in :meth:`StorageWriter.finish`).
+_RECORDS_FQN = "__shardstream_rank_records__"
+#: Manifest metadata key holding ``{relative path: [[offset, length, crc32c], ...]}``.
+_ITEM_CRCS = "dcp_item_crc32c"
+_METADATA = ".metadata"
+#: Bytes fetched per ``read_ranges`` batch during a load.
+_READ_BATCH_BYTES = 256 << 20
+
+
+def split_url(url: str | os.PathLike) -> tuple[str, str]:
+    """``<root>/<id>`` -> ``(root, id)``."""
+    text = os.fspath(url).rstrip("/")
+    root, sep, cid = text.rpartition("/")
+    if not sep or not cid or not root:
+        raise CheckpointError(f"checkpoint URL {text!r}: expected <root>/<checkpoint-id>")
+    if root.endswith(":/"):  # "s3://bucket" split as "s3:/" + "bucket"
+        raise CheckpointError(f"checkpoint URL {text!r}: the checkpoint id needs a root above it")
+    return root, cid
+
+
+def _store(root: str) -> CheckpointStore:
+    return CheckpointStore(root)
+
+
+def _cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    # A view would drag its whole storage into torch.save; copy just the projection.
+    if t.untyped_storage().size() != t.nbytes or t.storage_offset() != 0:
+        t = t.clone()
+    return t
+
+
+def _split_items(items: list[WriteItem], n: int) -> list[list[WriteItem]]:
+    """Byte items round-robin, tensors greedily by size (as FileSystemWriter does)."""
+    n = max(1, min(n, len(items))) if items else 1
+    buckets: list[list[WriteItem]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
+    for k, item in enumerate(byte_items):
+        buckets[k % n].append(item)
+
+    def nbytes(item: WriteItem) -> int:
+        td = item.tensor_data
+        if td is None:
+            return 0
+        return td.chunk.sizes.numel() * torch._utils._element_size(td.properties.dtype)
+
+    for item in sorted(tensors, key=nbytes, reverse=True):
+        k = sizes.index(min(sizes))
+        buckets[k].append(item)
+        sizes[k] += nbytes(item)
+    return buckets
+
+
+class StorageWriter(_DcpWriter):
+    """Saves a DCP checkpoint to ``<root>/<checkpoint-id>`` (S3, GCS, Azure, or a directory).
+
+    Every rank uploads its file(s) in parallel parts from a bounded buffer budget, with a
+    CRC32C per part and per item; the coordinator's :meth:`finish` commits the checkpoint by
+    creating its manifest with a create-if-absent put. A committed id is never overwritten:
+    saving to it again raises :class:`shardstream.CheckpointError`.
+
+    Args:
+        url: ``<root>/<checkpoint-id>``; ``checkpoint_id=`` of ``dcp.save`` overrides it.
+        files_per_rank: data files per rank (items are balanced over them by size).
+        part_size / memory_budget / max_concurrent_requests: upload settings (bytes, bytes,
+            requests); ``None`` keeps the core's defaults (64 MiB, 512 MiB, 16).
+        step: training step recorded in the manifest (default: the id's trailing digits).
+        metadata: JSON-serialisable dict stored in the manifest.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike | None = None,
+        *,
+        files_per_rank: int = 1,
+        part_size: int | None = None,
+        memory_budget: int | None = None,
+        max_concurrent_requests: int | None = None,
+        step: int | None = None,
+        metadata: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.url = "" if url is None else os.fspath(url)
+        self.files_per_rank = files_per_rank
+        self.upload_options = {
+            "part_size": part_size,
+            "memory_budget": memory_budget,
+            "max_concurrent_requests": max_concurrent_requests,
+        }
+        self.step = step
+        self.user_metadata = dict(metadata or {})
+        self.is_coordinator = False
+        self.save_id = str(uuid.uuid4())
+        self.attempt: str | None = None
+
+    # -- DCP interface -----------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None, *args: Any, **kwargs: Any) -> None:
+        if checkpoint_id is not None:
+            self.url = os.fspath(checkpoint_id)
+        self.save_id = str(uuid.uuid4())
+        self.attempt = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            raise CheckpointError(
+                f"checkpoint {self.url}: dcp.save(use_collectives=False) writes rank-local "
+                "metadata without a coordinator; a shardstream checkpoint is committed by one "
+                "coordinator, so save with collectives"
+            )
+        self.is_coordinator = is_coordinator
+        split_url(self.url)  # fail early on a URL without an id
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.url, save_id=self.save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        root, cid = split_url(self.url)
+        self.attempt = _store(root).begin_save(cid)
+        return [
+            dataclasses.replace(
+                plan, storage_data={"attempt": self.attempt, "rank": i, "prefix": f"__{i}_"}
+            )
+            for i, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        info = plan.storage_data
+        if not isinstance(info, dict) or "attempt" not in info:
+            raise CheckpointError(
+                f"checkpoint {self.url}: the save plan carries no shardstream attempt "
+                f"(storage_data={info!r}); was prepare_global_plan skipped?"
+            )
+        root, cid = split_url(self.url)
+        store = _store(root)
+        attempt, rank, prefix = info["attempt"], int(info["rank"]), info["prefix"]
+        results: list[WriteResult] = []
+        records: list[str] = []
+        crcs: list[list] = []
+        for k, items in enumerate(_split_items(plan.items, self.files_per_rank)):
+            if not items:
+                continue
+            name = f"{prefix}{k}.distcp"
+            rel = f"{attempt}/{name}"
+            f = store.create_file(cid, attempt, rank, name, **self.upload_options)
+            try:
+                offset = 0
+                # Byte items first, then tensors, as FileSystemWriter orders them.
+                items = sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO)
+                for item in items:
+                    data = planner.resolve_data(item)
+                    if item.type == WriteItemType.BYTE_IO:
+                        payload = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                    else:
+                        buf = io.BytesIO()
+                        torch.save(_cpu_contiguous(data), buf)
+                        payload = buf.getvalue()
+                    crc = f.write(payload)
+                    n = len(payload)
+                    results.append(
+                        WriteResult(
+                            index=item.index,
+                            size_in_bytes=n,
+                            storage_data=_StorageInfo(relative_path=rel, offset=offset, length=n),
+                        )
+                    )
+                    crcs.append([rel, offset, n, crc])
+                    offset += n
+                records.append(f.finish())
+            except BaseException:
+                f.abort()
+                raise
+        results.append(
+            WriteResult(
+                index=MetadataIndex(_RECORDS_FQN),
+                size_in_bytes=0,
+                storage_data={"records": records, "crcs": crcs},
+            )
+        )
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        if self.attempt is None:
+            raise CheckpointError(f"checkpoint {self.url}: finish() without prepare_global_plan()")
+        root, cid = split_url(self.url)
+        store = _store(root)
+        storage_md: dict[MetadataIndex, _StorageInfo] = {}
+        records: list[str] = []
+        crcs: dict[str, list] = {}
+        for wr_list in results:
+            for wr in wr_list:
+                if wr.index.fqn == _RECORDS_FQN:
+                    records.extend(wr.storage_data["records"])
+                    for rel, off, n, crc in wr.storage_data["crcs"]:
+                        crcs.setdefault(rel, []).append([off, n, crc])
+                else:
+                    storage_md[wr.index] = wr.storage_data
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        if hasattr(metadata, "version"):
+            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+            metadata.version = CURRENT_DCP_VERSION
+        f = store.create_file(cid, self.attempt, 0, _METADATA)
+        try:
+            f.write(pickle.dumps(metadata))
+            records.append(f.finish())
+        except BaseException:
+            f.abort()
+            raise
+        manifest_md = dict(self.user_metadata)
+        manifest_md[_ITEM_CRCS] = crcs
+        store.commit(
+            cid,
+            self.attempt,
+            records,
+            world_size=len(results),
+            step=self.step,
+            metadata_json=json.dumps(manifest_md),
+            aliases=[(_METADATA, _METADATA)],
+        )
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        try:
+            split_url(checkpoint_id)
+            return True
+        except Exception:
+            return False
+
+
+class StorageReader(_DcpReader):
+    """Loads a DCP checkpoint from ``<root>/<checkpoint-id>``.
+
+    A shardstream checkpoint is read only once committed (its manifest exists); every item is
+    fetched as one ranged GET of just its bytes and checked against its CRC32C, so a flipped
+    byte raises :class:`shardstream.HashMismatchError` naming the object. A directory written
+    by torch's ``FileSystemWriter`` (no manifest, a ``.metadata``) is read as it is, unchecked.
+    """
+
+    def __init__(self, url: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        self.url = "" if url is None else os.fspath(url)
+        self.load_id = str(uuid.uuid4())
+        self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self._files: Any = None
+        self._crcs: dict[tuple[str, int, int], int] = {}
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None, *args: Any, **kwargs: Any) -> None:
+        if checkpoint_id is not None:
+            self.url = os.fspath(checkpoint_id)
+        self.load_id = str(uuid.uuid4())
+        self.storage_data = {}
+        self._files = None
+        self._crcs = {}
+
+    def _open(self):
+        if self._files is None:
+            root, cid = split_url(self.url)
+            self._files = _store(root).open(cid)
+            self._crcs = {}
+            manifest = self._files.manifest_json()
+            if manifest is None:
+                log.warning("checkpoint %s has no shardstream manifest: reading it unchecked", self.url)
+            else:
+                per_file = json.loads(manifest).get("metadata", {}).get(_ITEM_CRCS, {})
+                for rel, entries in per_file.items():
+                    for off, n, crc in entries:
+                        self._crcs[(rel, off, n)] = crc
+        return self._files
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise CheckpointError(
+                f"checkpoint {self.url}: rank-local metadata (__<rank>.metadata) is not supported"
+            )
+        blob = self._open().read_file(_METADATA)
+        try:
+            metadata = pickle.loads(blob)
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {self.url}: {_METADATA} does not unpickle: {e}") from e
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"checkpoint {self.url}: {_METADATA} holds {type(metadata).__name__}")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+        if self.storage_data is None:
+            raise CheckpointError(f"checkpoint {self.url}: {_METADATA} has no storage_data")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+
+        files = self._open()
+        # One fetch per distinct item (several read requests may share a saved item).
+        pending: list[tuple[Any, tuple[str, int, int]]] = []
+        for req in plan.items:
+            info: _StorageInfo = self.storage_data[req.storage_index]
+            if getattr(info, "transform_descriptors", None):
+                raise CheckpointError(
+                    f"checkpoint {self.url}: {info.relative_path} uses stream transforms "
+                    f"{list(info.transform_descriptors)}, which shardstream does not read"
+                )
+            pending.append((req, (info.relative_path, info.offset, info.length)))
+        for batch in _batches(pending):
+            keys = list(dict.fromkeys(key for _, key in batch))
+            blobs = files.read_ranges([(p, o, n, self._crcs.get((p, o, n))) for p, o, n in keys])
+            got = dict(zip(keys, blobs))
+            for req, key in batch:
+                blob = got[key]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(blob))
+                    continue
+                tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != tensor.size():
+                    raise CheckpointError(
+                        f"checkpoint {self.url}: {key[0]} item {req.storage_index.fqn} has shape "
+                        f"{tuple(tensor.size())}, the load asked for {tuple(target.size())}"
+                    )
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.url
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+
+def _batches(pending: list) -> Iterable[list]:
+    batch: list = []
+    size = 0
+    for entry in pending:
+        n = entry[1][2]
+        if batch and size + n > _READ_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += n
+    if batch:
+        yield batch
+
+
+def latest(url: str | os.PathLike) -> str | None:
+    """The URL (``<root>/<id>``) of the newest committed checkpoint under root ``url``, or None.
+
+    Only checkpoints whose manifest exists count, so an interrupted save is never returned."""
+    root = os.fspath(url).rstrip("/")
+    info = _store(root).latest()
+    return None if info is None else f"{root}/{info['id']}"
+
+
+def list_checkpoints(url: str | os.PathLike) -> list[dict]:
+    """The committed checkpoints under root ``url``, oldest first (id, step, sizes, …)."""
+    return _store(os.fspath(url).rstrip("/")).list()
+
+
+def verify(url: str | os.PathLike) -> dict:
+    """Reads every byte of checkpoint ``<root>/<id>`` and checks it against its manifest.
+
+    Returns ``{"files": n, "bytes": n, "failures": [message, ...]}``."""
+    root, cid = split_url(url)
+    files, nbytes, failures = _store(root).verify(cid)
+    return {"files": files, "bytes": nbytes, "failures": failures}

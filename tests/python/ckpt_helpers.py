@@ -1,0 +1,365 @@
+"""Helpers for the checkpoint tests, and the worker that `torchrun` runs.
+
+As a script (under torchrun, or plain python for world size 1):
+
+    ckpt_helpers.py save URL REF_DIR [--pause PHASE --pause-rank R --pause-dir DIR]
+                                         [--part-size N] [--ballast-mb M]
+    ckpt_helpers.py load URL REF_DIR
+    ckpt_helpers.py async URL REF_DIR [--ballast-mb M]
+
+`save` trains a small MLP with Adam for a few steps (the same on every rank, seeded), shards every
+parameter and every optimizer-state tensor over the ranks along dim 0 as DTensors, and saves
+model + optimizer + a step counter with `dcp.save` and shardstream's StorageWriter. Rank 0 also
+writes the full tensors to REF_DIR/ref.pt. `load` builds the same structure sharded over the
+*current* world (plain tensors at world size 1), loads it with StorageReader, and checks every
+tensor against ref.pt. `--pause PHASE` makes rank R write its pid to DIR/paused-PHASE and sleep
+there, so a test can `kill -9` it at that point of the save:
+  - `mid-upload`: in write_data, after the first item was handed to the uploader, before the file
+    is finished (with a small part size, a multipart upload is in flight);
+  - `before-commit`: the coordinator in finish, after every file and `.metadata` are uploaded,
+    before the manifest is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRAIN_STEPS = 3
+WIDTH = 256
+
+
+# --------------------------------------------------------------------------------------------
+# Used by the tests (parent process)
+# --------------------------------------------------------------------------------------------
+
+
+def child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    """`torchrun` on 127.0.0.1 with a free rendezvous port, running this file."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        "--max-restarts=0",
+        str(HERE / "ckpt_helpers.py"),
+        *args,
+    ]
+
+
+def run_workers(nproc: int, *args: str, env: dict | None = None, timeout: float = 300):
+    """Runs the worker under torchrun (or plainly for nproc == 1); returns the CompletedProcess
+    and fails with the output when it does not exit 0."""
+    cmd = (
+        torchrun_cmd(nproc, *args)
+        if nproc > 1
+        else [sys.executable, str(HERE / "ckpt_helpers.py"), *args]
+    )
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=child_env(env), timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} on {nproc} process(es) failed ({proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def result_lines(proc) -> list[dict]:
+    """The flat JSON objects the workers printed with `RESULT ` in front (ranks share stdout,
+    so two may land on one line)."""
+    import re
+
+    return [json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", proc.stdout)]
+
+
+def kill_at(nproc: int, phase: str, rank: int, url: str, ref_dir: Path, pause_dir: Path,
+            env: dict | None = None, part_size: int | None = None, ballast_mb: int = 0) -> int:
+    """Starts a save under torchrun that pauses `rank` at `phase`, SIGKILLs that process once it
+    is there, and waits for torchrun to give up. Returns torchrun's exit code."""
+    extra = ["--pause", phase, "--pause-rank", str(rank), "--pause-dir", str(pause_dir)]
+    if part_size:
+        extra += ["--part-size", str(part_size)]
+    if ballast_mb:
+        extra += ["--ballast-mb", str(ballast_mb)]
+    cmd = torchrun_cmd(nproc, "save", url, str(ref_dir), *extra)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(env),
+        start_new_session=True,
+    )
+    marker = pause_dir / f"paused-{phase}"
+    deadline = time.monotonic() + 240
+    try:
+        while not marker.exists():
+            if proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise AssertionError(f"save exited ({proc.returncode}) before pausing at {phase}:\n{out[-6000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"save never reached {phase}")
+            time.sleep(0.05)
+        time.sleep(0.1)  # the pid is written before the marker
+        pid = int((pause_dir / f"pid-{phase}").read_text())
+        os.kill(pid, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        return proc.returncode
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# The worker (child processes)
+# --------------------------------------------------------------------------------------------
+
+
+def _train():
+    """A small MLP and its Adam state after TRAIN_STEPS identical steps on every rank."""
+    import torch
+
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 8 * 4)
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = torch.randn(32, WIDTH)
+    for _ in range(TRAIN_STEPS):
+        opt.zero_grad()
+        model(data).square().mean().backward()
+        opt.step()
+    return model, opt
+
+
+def _full_state(model, opt) -> dict:
+    """{"model": {name: tensor}, "optim": {"<param>.<state>": tensor}} of plain tensors."""
+    import torch
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    optim = {}
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                optim[f"{names[id(p)]}.{k}"] = v.detach().clone()
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optim": optim,
+    }
+
+
+def _shard(full: dict, world: int, fill_zero: bool = False) -> dict:
+    """Every tensor as a DTensor sharded along dim 0 over the current world (plain at 1)."""
+    import torch
+
+    out: dict = {}
+    mesh = None
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+    for group, tensors in full.items():
+        out[group] = {}
+        for k, v in tensors.items():
+            t = torch.zeros_like(v) if fill_zero else v
+            if mesh is not None:
+                from torch.distributed.tensor import Shard, distribute_tensor
+
+                t = distribute_tensor(t, mesh, [Shard(0)])
+            out[group][k] = t
+    return out
+
+
+class _Paused(Exception):
+    pass
+
+
+def _pause(args, phase: str, rank: int) -> None:
+    if args.pause == phase and args.pause_rank == rank:
+        d = Path(args.pause_dir)
+        (d / f"pid-{phase}").write_text(str(os.getpid()))
+        (d / f"paused-{phase}").write_text("")
+        while True:  # until the test's SIGKILL
+            time.sleep(1)
+
+
+def _writer(args, rank: int):
+    from shardstream.checkpoint import StorageWriter
+
+    class PausingWriter(StorageWriter):
+        def write_data(self, plan, planner):
+            if args.pause == "mid-upload" and args.pause_rank == rank:
+                orig = planner.resolve_data
+                seen = {"ballast": False}
+
+                def resolve(item):
+                    # The ballast shard (larger than a part) was handed to the uploader just
+                    # before: its multipart upload has started and a part is in flight.
+                    if seen["ballast"]:
+                        _pause(args, "mid-upload", rank)
+                    seen["ballast"] = item.index.fqn.startswith("ballast")
+                    return orig(item)
+
+                planner.resolve_data = resolve
+            return super().write_data(plan, planner)
+
+        def finish(self, metadata, results):
+            if args.pause != "before-commit" or args.pause_rank != rank:
+                return super().finish(metadata, results)
+            from shardstream import checkpoint as ck
+
+            # Pause right before the manifest put, after .metadata is uploaded.
+            orig_store = ck._store
+            ck._store = lambda root: _PauseBeforeCommit(
+                orig_store(root), lambda: _pause(args, "before-commit", rank)
+            )
+            try:
+                return super().finish(metadata, results)
+            finally:
+                ck._store = orig_store
+
+    return PausingWriter(args.url, part_size=args.part_size)
+
+
+class _PauseBeforeCommit:
+    """A CheckpointStore proxy whose commit() pauses first."""
+
+    def __init__(self, store, pause) -> None:
+        self._store = store
+        self._pause = pause
+
+    def commit(self, *a, **kw):
+        self._pause()
+        return self._store.commit(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _compare(loaded: dict, ref: dict) -> tuple[int, int]:
+    import torch
+
+    n = nbytes = 0
+    for group, tensors in ref.items():
+        for k, want in tensors.items():
+            got = loaded[group][k]
+            if hasattr(got, "full_tensor"):
+                got = got.full_tensor()
+            if not torch.equal(got, want):
+                raise AssertionError(f"{group}.{k} differs after load")
+            n += 1
+            nbytes += want.numel() * want.element_size()
+    return n, nbytes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["save", "load", "async"])
+    ap.add_argument("url")
+    ap.add_argument("ref_dir")
+    ap.add_argument("--pause")
+    ap.add_argument("--pause-rank", type=int, default=0)
+    ap.add_argument("--pause-dir")
+    ap.add_argument("--part-size", type=int)
+    ap.add_argument("--ballast-mb", type=int, default=0)
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    ref_path = Path(args.ref_dir) / "ref.pt"
+
+    if args.mode == "save":
+        model, opt = _train()
+        full = _full_state(model, opt)
+        if args.ballast_mb:
+            gen = torch.Generator().manual_seed(99)
+            full["ballast"] = {"x": torch.randn(args.ballast_mb << 18, generator=gen)}
+        state = _shard(full, world)
+        state["meta"] = {"step": TRAIN_STEPS}
+        dcp.save(state, storage_writer=_writer(args, rank))
+        if rank == 0:
+            torch.save(full, ref_path)
+        print("RESULT " + json.dumps({"rank": rank, "saved": True}), flush=True)
+    elif args.mode == "load":
+        from shardstream.checkpoint import StorageReader
+
+        ref = torch.load(ref_path, weights_only=True)
+        state = _shard(ref, world, fill_zero=True)
+        # A load may ask for a subset: here everything the reference has.
+        state["meta"] = {"step": -1}
+        dcp.load(state, storage_reader=StorageReader(args.url))
+        n, nbytes = _compare(state, ref)
+        assert state["meta"]["step"] == TRAIN_STEPS, state["meta"]
+        print("RESULT " + json.dumps({"rank": rank, "world": world, "tensors": n, "bytes": nbytes}), flush=True)
+    else:  # async: save asynchronously and keep training while it uploads
+        from shardstream.checkpoint import StorageWriter
+
+        model, opt = _train()
+        full = _full_state(model, opt)
+        # Ballast, so that the upload takes long enough to train during it.
+        gen = torch.Generator().manual_seed(99)
+        full["ballast"] = {"x": torch.randn(max(args.ballast_mb, 1) << 18, generator=gen)}
+        state = _shard(full, world)
+        state["meta"] = {"step": TRAIN_STEPS}
+        fut = dcp.async_save(state, storage_writer=StorageWriter(args.url))
+        # async_save has staged a copy: changing the state now must not reach the checkpoint.
+        for group in ("model", "optim", "ballast"):
+            for t in state[group].values():
+                (t.to_local() if hasattr(t, "to_local") else t).add_(1.0)
+        if hasattr(fut, "upload_completion"):
+            fut = fut.upload_completion
+        steps = 0
+        data = torch.randn(32, WIDTH)
+        while not fut.done():
+            opt.zero_grad()
+            model(data).square().mean().backward()
+            opt.step()
+            steps += 1
+        fut.result()
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            torch.save(full, ref_path)
+        changed = not torch.equal(model[0].weight.detach(), full["model"]["0.weight"])
+        print("RESULT " + json.dumps({"rank": rank, "steps_during_upload": steps, "params_changed": changed}), flush=True)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
