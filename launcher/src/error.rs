@@ -120,6 +120,36 @@ pub enum LauncherError {
         #[source]
         source: io::Error,
     },
+    /// A `--mount` value that is not `DATASET:PATH`.
+    #[error("--mount {value:?}: {reason} (expected DATASET:PATH, e.g. s3://bucket/ds:/mnt/ds)")]
+    InvalidMountSpec {
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// `shardstream mount` ended before it said it was ready.
+    #[error("mounting {dataset} at {mountpoint} failed: {reason}")]
+    MountFailed {
+        /// The dataset.
+        dataset: String,
+        /// Where it was to be mounted.
+        mountpoint: PathBuf,
+        /// What happened (the mount process's exit status).
+        reason: String,
+    },
+    /// `shardstream mount` did not say it was ready in time.
+    #[error(
+        "mounting {dataset} at {mountpoint}: not ready after {timeout:?} (raise --mount-timeout)"
+    )]
+    MountTimeout {
+        /// The dataset.
+        dataset: String,
+        /// Where it was to be mounted.
+        mountpoint: PathBuf,
+        /// How long it was given.
+        timeout: std::time::Duration,
+    },
     /// Signal handlers could not be installed.
     #[error("installing signal handlers: {source}")]
     Signals {

@@ -8,6 +8,8 @@
 //!   marker that keeps two runs apart, and a [`RunLease`] that keeps the gc away.
 //! - [`Supervisor`]: runs the command in its own process group, forwards `SIGTERM`/`SIGINT`/
 //!   `SIGHUP`, kills after a grace period, returns the exit code, runs shutdown hooks.
+//! - [`start_mount`]: a `--mount DATASET:PATH` served by `shardstream mount` for the
+//!   command's lifetime, waited for until ready, taken down after.
 //! - [`cache_gc`]: removes the folders of runs that are over and unused.
 //!
 //! ```no_run
@@ -34,6 +36,7 @@ pub mod error;
 pub mod gc;
 pub mod hooks;
 mod lock;
+pub mod mount;
 pub mod resolve;
 pub mod signals;
 pub mod supervise;
@@ -45,6 +48,7 @@ pub use cache::{
 pub use error::{LauncherError, Result};
 pub use gc::{cache_gc, list_runs, GcReport, RunDir};
 pub use hooks::{HookReport, HookResult};
+pub use mount::{start_mount, Mount, MountSpec};
 pub use resolve::{
     os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank, Resolved, Source,
 };

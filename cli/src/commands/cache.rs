@@ -1,7 +1,12 @@
 //! `shardstream cache`: node cache maintenance (`cache gc` removes the folders of finished runs).
 
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
+use anyhow::Context;
+use shardstream_launcher::{cache_gc, default_cache_root, os_env, GcReport};
+
+use super::run::parse_duration;
 use crate::Global;
 
 /// `cache ACTION`.
@@ -15,16 +20,101 @@ pub struct CacheArgs {
 /// The `cache` actions.
 #[derive(Debug, clap::Subcommand)]
 pub enum CacheAction {
-    /// Remove the cache folders of runs that are over.
+    /// Remove the cache folders of runs that are over: never one that a `shardstream run` or a
+    /// process with the cache open still holds (their file locks say so, also over NFS).
     Gc {
-        /// Cache root.
+        /// Cache root (the folder holding <run-id>/<node-rank>/ folders); default
+        /// $XDG_CACHE_HOME/shardstream, ~/.cache/shardstream or /tmp/shardstream-cache.
         #[arg(long, env = "SHARDSTREAM_CACHE_ROOT")]
         cache_root: Option<PathBuf>,
+        /// Remove only runs last used longer ago than this (e.g. 7d, 12h); without it, every
+        /// run not in use, even one whose pod is about to be retried.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        older_than: Option<Duration>,
+        /// Report what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Runs `cache`.
 pub fn run(args: CacheArgs, global: &Global) -> anyhow::Result<()> {
-    let _ = (args, global);
-    super::unavailable::not_available(7)
+    let _ = global;
+    match args.action {
+        CacheAction::Gc {
+            cache_root,
+            older_than,
+            dry_run,
+            json,
+        } => gc(cache_root, older_than, dry_run, json),
+    }
+}
+
+fn gc(
+    cache_root: Option<PathBuf>,
+    older_than: Option<Duration>,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let root = cache_root.unwrap_or_else(|| default_cache_root(&os_env));
+    let now = SystemTime::now();
+    let report = cache_gc(
+        &root,
+        |run| older_than.is_none_or(|limit| run.idle_for(now) > limit),
+        dry_run,
+    )
+    .with_context(|| format!("cache gc of {}", root.display()))?;
+    if json {
+        println!("{}", report_json(&root, &report, dry_run));
+    } else {
+        print_text(&report, dry_run);
+    }
+    Ok(())
+}
+
+fn report_json(root: &std::path::Path, report: &GcReport, dry_run: bool) -> serde_json::Value {
+    serde_json::json!({
+        "cache_root": root.display().to_string(),
+        "dry_run": dry_run,
+        "removed": report
+            .removed
+            .iter()
+            .map(|(run_id, bytes)| serde_json::json!({"run_id": run_id, "bytes": bytes}))
+            .collect::<Vec<_>>(),
+        "freed_bytes": report.freed_bytes(),
+        "busy": report.busy,
+        "kept": report.kept,
+        "foreign": report
+            .foreign
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>(),
+        "gc_leftovers_removed": report.tombstones,
+    })
+}
+
+fn print_text(report: &GcReport, dry_run: bool) {
+    let verb = if dry_run { "would remove" } else { "removed" };
+    for (run_id, bytes) in &report.removed {
+        println!("{verb} {run_id} ({bytes} bytes)");
+    }
+    for run_id in &report.busy {
+        println!("in use, kept {run_id}");
+    }
+    for path in &report.foreign {
+        println!(
+            "not a shardstream run folder, left alone: {}",
+            path.display()
+        );
+    }
+    println!(
+        "{verb} {} run(s), {} bytes; {} in use; {} too recent",
+        report.removed.len(),
+        report.freed_bytes(),
+        report.busy.len(),
+        report.kept.len()
+    );
 }

@@ -1,28 +1,165 @@
-//! `shardstream run`: the pod entrypoint wrapper around torchrun.
+//! `shardstream run`: the pod entrypoint wrapper around torchrun (docs/deploy.md).
+//!
+//! Resolves the run id and node rank (DESIGN.md §4), prepares and leases
+//! `<cache-root>/<run-id>/<node-rank>/`, mounts `--mount` datasets and waits until they are
+//! ready, runs the command with `SHARDSTREAM_RUN_ID`, `SHARDSTREAM_NODE_RANK` and
+//! `SHARDSTREAM_CACHE_DIR` exported, forwards `SIGTERM`/`SIGINT`/`SIGHUP` to it, kills it a grace
+//! period after `SIGTERM`/`SIGINT`, unmounts, and exits with the command's exit code (`128 + n`
+//! when signal `n` ended it).
 
+use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use shardstream_launcher::{
+    locate_cache_dir, os_env, prepare_cache_dir, resolve_with, start_mount, HookResult, MountSpec,
+    Overrides, Supervisor,
+};
+use tracing::{info, warn};
 
 use crate::Global;
+
+/// How long each mount has to unmount after the command is gone.
+const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `run -- COMMAND...`: the pod entrypoint wrapper around torchrun.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Run id.
+    /// Run id (else SHARDSTREAM_RUN_ID, SHARDSTREAM_JOBSET_NAME, SHARDSTREAM_PYTORCHJOB_NAME,
+    /// SHARDSTREAM_JOB_NAME, TORCHELASTIC_RUN_ID unless it is "none"; never invented).
     #[arg(long)]
     pub run_id: Option<String>,
-    /// Cache root.
-    #[arg(long, env = "SHARDSTREAM_CACHE_ROOT")]
+    /// This node's rank (else SHARDSTREAM_NODE_RANK, JOB_COMPLETION_INDEX, PET_NODE_RANK,
+    /// GROUP_RANK; 0 only when nothing suggests several nodes).
+    #[arg(long)]
+    pub node_rank: Option<u32>,
+    /// Cache root: the node's folder is <cache-root>/<run-id>/<node-rank>/. Without it:
+    /// SHARDSTREAM_CACHE_DIR as is, else under SHARDSTREAM_CACHE_ROOT or the default root.
+    #[arg(long)]
     pub cache_root: Option<PathBuf>,
-    /// Mount DATASET at PATH for the command's lifetime (repeatable).
+    /// Mount DATASET at PATH (with `shardstream mount`) for the command's lifetime
+    /// (repeatable); the command starts once every mount is ready.
     #[arg(long, value_name = "DATASET:PATH")]
-    pub mount: Vec<String>,
-    /// The command to run.
+    pub mount: Vec<MountSpec>,
+    /// How long each mount may take to become ready.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub mount_timeout: Duration,
+    /// After SIGTERM or SIGINT, how long the command has to exit (drain checkpoint uploads)
+    /// before its process group gets SIGKILL. Keep it, plus 10 s per mount, below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    pub grace_period: Duration,
+    /// The command to run (usually torchrun ...).
     #[arg(last = true, required = true)]
-    pub command: Vec<String>,
+    pub command: Vec<OsString>,
 }
 
-/// Runs `run`.
+/// Runs `run`. On success it does not return: the process exits with the command's code.
 pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
-    let _ = (args, global);
-    super::unavailable::not_available(7)
+    let _ = global;
+    let overrides = Overrides {
+        run_id: args.run_id,
+        node_rank: args.node_rank,
+    };
+    let resolved = resolve_with(&overrides, &os_env).context("resolving the run")?;
+    resolved.log();
+    let dir = locate_cache_dir(args.cache_root.as_deref(), &resolved, &os_env);
+    let lease = prepare_cache_dir(&dir, &resolved)
+        .with_context(|| format!("preparing the cache folder {}", dir.display()))?;
+    info!(cache_dir = %lease.dir().display(), "cache folder ready");
+    let exports = resolved.exports(lease.dir());
+
+    let mut mounts = Vec::with_capacity(args.mount.len());
+    if !args.mount.is_empty() {
+        let exe = std::env::current_exe().context("locating the shardstream binary")?;
+        for spec in &args.mount {
+            // On an error, the mounts made so far are taken down as `mounts` drops.
+            let mount = start_mount(&exe, spec, &exports, args.mount_timeout)?;
+            mounts.push(mount);
+        }
+    }
+
+    let mut supervisor = Supervisor::new(args.command)?
+        .export_resolved(&resolved, lease.dir())
+        .grace_period(args.grace_period);
+    // Unmount in reverse order: a later mount may sit inside an earlier one.
+    while let Some(mount) = mounts.pop() {
+        let name = format!("unmount {}", mount.spec().mountpoint.display());
+        supervisor = supervisor.on_shutdown(name, UNMOUNT_TIMEOUT, move |deadline| {
+            mount.unmount(deadline)
+        });
+    }
+    let outcome = supervisor.run()?;
+    drop(lease);
+    if outcome.killed_after_grace {
+        warn!(grace = ?args.grace_period, "the command outlived its grace period and was killed");
+    }
+    let hooks_failed = outcome
+        .hooks
+        .iter()
+        .filter(|h| h.result != HookResult::Done)
+        .count();
+    info!(exit_code = outcome.exit_code, hooks_failed, "run finished");
+    std::process::exit(outcome.exit_code)
+}
+
+/// A duration as `300ms`, `20s`, `5m`, `12h`, `7d`, a plain number of seconds, or a sum
+/// (`1h30m`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("{text:?}: a number needs a unit (ms, s, m, h, d)"))?;
+        if digits == 0 {
+            return Err(format!("{text:?} is not a duration (e.g. 20s, 7d, 1h30m)"));
+        }
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("{text:?}: {number} is too large"))?;
+        let part = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3_600)),
+            "d" => Duration::from_secs(n.saturating_mul(86_400)),
+            other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h, d)")),
+        };
+        total = total.saturating_add(part);
+        rest = next;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("20s"), Ok(Duration::from_secs(20)));
+        assert_eq!(parse_duration("20"), Ok(Duration::from_secs(20)));
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in ["", "s", "5x", "1.5h", "-3s", "h5"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }
