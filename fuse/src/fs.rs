@@ -1,0 +1,826 @@
+//! The filesystem logic, free of FUSE: inodes, names, attributes and reads over a
+//! [`DatasetSource`]. The `fuser` adapter only translates these calls and their errors.
+//!
+//! Layout:
+//! - `shards/index.json` and `shards/<basename>` for every shard, decompressed (the index's
+//!   `raw_data` names and sizes, so `shards/` is itself a readable uncompressed MDS dataset);
+//! - `samples/`: one file per sample and column, `<index>.<column>.<ext>`; or, for datasets made
+//!   from a folder of files or an ImageFolder tree, the original relative paths.
+//!
+//! Every lookup and every directory listing is answered from the index and from per-shard
+//! layouts held in memory; nothing lists the object store.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use shardstream_sharding::mds::{Columns, Index};
+use shardstream_sharding::safe_path::check_relative;
+
+use crate::error::{FsError, Result};
+use crate::layout::ShardLayout;
+use crate::names::{parse_index, sample_file_name, Naming};
+use crate::readahead::Readahead;
+use crate::source::{DatasetSource, ShardData};
+use crate::tree::{Node, Tree};
+
+/// Inode of the root directory.
+pub const ROOT_INO: u64 = 1;
+/// Inode of `shards/`.
+pub const SHARDS_INO: u64 = 2;
+/// Inode of `samples/`.
+pub const SAMPLES_INO: u64 = 3;
+const SHARD_TREE_BASE: u64 = 1 << 32;
+const PATH_TREE_BASE: u64 = 1 << 40;
+const SAMPLE_BASE: u64 = 1 << 48;
+
+/// Settings of the filesystem.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    /// Owner of every file.
+    pub uid: u32,
+    /// Group of every file.
+    pub gid: u32,
+    /// How long the kernel may keep attributes and names (the data never changes).
+    pub ttl: Duration,
+    /// Name samples of folder/ImageFolder datasets by their original paths.
+    pub by_path: bool,
+    /// Most shards a sequential reader fetches ahead (further capped by the source's budget).
+    pub max_readahead_shards: usize,
+    /// Shards kept open (pinned in the cache) after their last reader, for the next one.
+    pub keep_open_shards: usize,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        let (uid, gid) = process_owner();
+        FsConfig {
+            uid,
+            gid,
+            ttl: Duration::from_secs(24 * 3600),
+            by_path: true,
+            max_readahead_shards: 8,
+            keep_open_shards: 4,
+        }
+    }
+}
+
+/// The uid and gid this process runs as (from `/proc/self`), root if unknown.
+pub fn process_owner() -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or((0, 0), |m| (m.uid(), m.gid()))
+}
+
+/// A directory or a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+}
+
+/// Attributes of one inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// Directory or file.
+    pub kind: Kind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (read-only: 0o555 for directories, 0o444 for files).
+    pub perm: u16,
+    /// Link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Modification time (the mount time; the data never changes while mounted).
+    pub mtime: SystemTime,
+}
+
+/// Filesystem-wide figures for `statfs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total bytes of the shard files.
+    pub bytes: u64,
+    /// Number of inodes that names reach.
+    pub files: u64,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+#[derive(Debug)]
+enum ShardLeaf {
+    Index,
+    Shard(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Root,
+    ShardNode(u64),
+    SamplesDir,
+    PathNode(u64),
+    SampleColumn { sample: u64, column: usize },
+}
+
+/// What an open file reads: bytes `[base, base + len)` of a shard, or the index.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    Index,
+    Shard {
+        shard: usize,
+        base: u64,
+        len: u64,
+    },
+    /// A sample column whose place in its shard is known once the shard is there.
+    Sample {
+        sample: u64,
+        column: usize,
+    },
+}
+
+/// An open file's shard bytes, with its span's base offset and length in them.
+type OpenData = (Arc<dyn ShardData>, u64, u64);
+
+struct OpenFile {
+    span: Span,
+    data: Mutex<Option<OpenData>>,
+}
+
+/// The filesystem: a plain type, tested without a mount.
+pub struct DatasetFs {
+    source: Arc<dyn DatasetSource>,
+    config: FsConfig,
+    index: Index,
+    columns: Vec<(String, String)>,
+    fixed: Vec<Option<u64>>,
+    /// First global sample of each shard, and the total at the end.
+    starts: Vec<u64>,
+    naming: Naming,
+    shard_tree: Tree<ShardLeaf>,
+    path_tree: Mutex<Option<Arc<Tree<u64>>>>,
+    layouts: RwLock<HashMap<usize, Arc<ShardLayout>>>,
+    open: RwLock<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    recent: Mutex<VecDeque<(usize, Arc<dyn ShardData>)>>,
+    readahead: Readahead,
+    mtime: SystemTime,
+}
+
+impl std::fmt::Debug for DatasetFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetFs")
+            .field("shards", &self.index.shards.len())
+            .field("samples", &self.num_samples())
+            .field("naming", &self.naming)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Emits the children of a tree directory from position `pos` (2 = the first child).
+fn emit_children(
+    children: &std::collections::BTreeMap<String, u32>,
+    pos: &mut u64,
+    add: &mut impl FnMut(u64, u64, Kind, &str) -> bool,
+    kind_of: impl Fn(u32) -> (u64, Kind),
+) {
+    let skip = usize::try_from(*pos - 2).unwrap_or(usize::MAX);
+    for (name, &id) in children.iter().skip(skip) {
+        let (child, kind) = kind_of(id);
+        *pos += 1;
+        if add(child, *pos, kind, name) {
+            break;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl DatasetFs {
+    /// Builds the filesystem from the source's index; fetches nothing.
+    pub fn new(source: Arc<dyn DatasetSource>, config: FsConfig) -> Result<DatasetFs> {
+        let index = Index::from_json("index.json", source.index_json())?;
+        let mut columns = Vec::new();
+        let mut fixed = Vec::new();
+        for (i, shard) in index.shards.iter().enumerate() {
+            // Bytes are served raw, never decoded: unsafe encodings are no risk here.
+            let c = Columns::from_shard_info("index.json", shard, true)?;
+            let spec: Vec<(String, String)> = c
+                .names()
+                .iter()
+                .cloned()
+                .zip(c.encoding_names().iter().cloned())
+                .collect();
+            if i == 0 {
+                columns = spec;
+                fixed = c.sizes().to_vec();
+            } else if spec != columns {
+                return Err(FsError::Index(
+                    shardstream_sharding::FormatError::invalid_index(
+                        "index.json",
+                        format!(
+                            "shard {i} has other columns than shard 0; the mount needs one layout"
+                        ),
+                    ),
+                ));
+            }
+        }
+        let mut starts = Vec::with_capacity(index.shards.len() + 1);
+        let mut total = 0u64;
+        let mut shard_tree = Tree::default();
+        shard_tree.insert("index.json", ShardLeaf::Index);
+        for (i, shard) in index.shards.iter().enumerate() {
+            starts.push(total);
+            total += shard.samples;
+            let name = &shard.raw_data.basename;
+            check_relative("index.json", name)?;
+            if !shard_tree.insert(name, ShardLeaf::Shard(i)) {
+                return Err(FsError::Index(
+                    shardstream_sharding::FormatError::invalid_index(
+                        "index.json",
+                        format!("shard basename {name:?} clashes with another entry"),
+                    ),
+                ));
+            }
+        }
+        starts.push(total);
+        let naming = Naming::detect(&columns, total, config.by_path);
+        let max_shard = index
+            .shards
+            .iter()
+            .map(|s| s.raw_data.bytes)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        // Read-ahead and kept-open shards share half the budget; readers keep the rest.
+        let budget_shards = source.readahead_budget().map_or(usize::MAX, |b| {
+            usize::try_from(b / 2 / max_shard).unwrap_or(usize::MAX)
+        });
+        let readahead = Readahead::new(
+            config.max_readahead_shards.min(budget_shards),
+            index.shards.len(),
+        );
+        let mut config = config;
+        config.keep_open_shards = config.keep_open_shards.min(budget_shards);
+        tracing::info!(
+            shards = index.shards.len(),
+            samples = total,
+            ?naming,
+            readahead_cap = readahead.cap(),
+            keep_open = config.keep_open_shards,
+            "filesystem ready"
+        );
+        Ok(DatasetFs {
+            source,
+            config,
+            index,
+            columns,
+            fixed,
+            starts,
+            naming,
+            shard_tree,
+            path_tree: Mutex::new(None),
+            layouts: RwLock::new(HashMap::new()),
+            open: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            recent: Mutex::new(VecDeque::new()),
+            readahead,
+            mtime: SystemTime::now(),
+        })
+    }
+
+    /// Number of samples.
+    pub fn num_samples(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// How sample files are named.
+    pub fn naming(&self) -> &Naming {
+        &self.naming
+    }
+
+    /// The TTL for attributes and entries.
+    pub fn ttl(&self) -> Duration {
+        self.config.ttl
+    }
+
+    fn target(&self, ino: u64) -> Result<Target> {
+        let unknown = FsError::UnknownInode { ino };
+        Ok(match ino {
+            ROOT_INO => Target::Root,
+            SHARDS_INO => Target::ShardNode(0),
+            SAMPLES_INO => Target::SamplesDir,
+            i if i >= SAMPLE_BASE => {
+                let n = self.columns.len() as u64;
+                let k = i - SAMPLE_BASE;
+                if n == 0 || k / n >= self.num_samples() {
+                    return Err(unknown);
+                }
+                Target::SampleColumn {
+                    sample: k / n,
+                    column: (k % n) as usize,
+                }
+            }
+            i if i >= PATH_TREE_BASE => Target::PathNode(i - PATH_TREE_BASE),
+            i if i > SHARD_TREE_BASE
+                && ((i - SHARD_TREE_BASE) as usize) < self.shard_tree.len() =>
+            {
+                Target::ShardNode(i - SHARD_TREE_BASE)
+            }
+            _ => return Err(unknown),
+        })
+    }
+
+    fn shard_node_ino(id: u64) -> u64 {
+        if id == 0 {
+            SHARDS_INO
+        } else {
+            SHARD_TREE_BASE + id
+        }
+    }
+
+    fn path_node_ino(id: u64) -> u64 {
+        if id == 0 {
+            SAMPLES_INO
+        } else {
+            PATH_TREE_BASE + id
+        }
+    }
+
+    fn sample_ino(&self, sample: u64, column: usize) -> u64 {
+        SAMPLE_BASE + sample * self.columns.len() as u64 + column as u64
+    }
+
+    fn dir_attr(&self, ino: u64) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::Dir,
+            size: 0,
+            perm: 0o555,
+            nlink: 2,
+            uid: self.config.uid,
+            gid: self.config.gid,
+            mtime: self.mtime,
+        }
+    }
+
+    fn file_attr(&self, ino: u64, size: u64) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::File,
+            size,
+            perm: 0o444,
+            nlink: 1,
+            uid: self.config.uid,
+            gid: self.config.gid,
+            mtime: self.mtime,
+        }
+    }
+
+    /// Shard and position inside it of a global sample.
+    fn locate(&self, sample: u64) -> Option<(usize, usize)> {
+        if sample >= self.num_samples() {
+            return None;
+        }
+        let shard = self.starts.partition_point(|&s| s <= sample) - 1;
+        Some((shard, (sample - self.starts[shard]) as usize))
+    }
+
+    /// The open data of `shard`, reusing a recently used one.
+    fn shard_data(&self, shard: usize) -> Result<Arc<dyn ShardData>> {
+        {
+            let mut recent = lock(&self.recent);
+            if let Some(pos) = recent.iter().position(|(s, _)| *s == shard) {
+                if let Some(entry) = recent.remove(pos) {
+                    let data = Arc::clone(&entry.1);
+                    recent.push_front(entry);
+                    return Ok(data);
+                }
+            }
+        }
+        let ahead = self.readahead.touch(shard);
+        self.readahead.spawn_fetch(Arc::clone(&self.source), ahead);
+        let data = self.source.open_shard(shard)?;
+        let expected = self.index.shards[shard].raw_data.bytes;
+        if data.len() != expected {
+            return Err(FsError::Corrupt {
+                shard,
+                reason: format!("{} bytes, the index says {expected}", data.len()),
+            });
+        }
+        if self.config.keep_open_shards > 0 {
+            let mut recent = lock(&self.recent);
+            recent.push_front((shard, Arc::clone(&data)));
+            recent.truncate(self.config.keep_open_shards);
+        }
+        Ok(data)
+    }
+
+    fn layout(&self, shard: usize) -> Result<Arc<ShardLayout>> {
+        if let Some(l) = self
+            .layouts
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&shard)
+        {
+            return Ok(Arc::clone(l));
+        }
+        let data = self.shard_data(shard)?;
+        let layout = Arc::new(ShardLayout::read(
+            shard,
+            data.as_ref(),
+            self.index.shards[shard].samples,
+            &self.fixed,
+        )?);
+        self.layouts
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(shard, Arc::clone(&layout));
+        Ok(layout)
+    }
+
+    /// `(shard, offset, length)` of a sample's column.
+    fn column_span(&self, sample: u64, column: usize) -> Result<(usize, u64, u64)> {
+        let (shard, local) = self.locate(sample).ok_or(FsError::UnknownInode {
+            ino: self.sample_ino(sample, column),
+        })?;
+        let (offset, len) = self
+            .layout(shard)?
+            .column_range(local, column)
+            .ok_or_else(|| FsError::Corrupt {
+                shard,
+                reason: format!("no column {column} for sample {local}"),
+            })?;
+        Ok((shard, offset, len))
+    }
+
+    fn column_size(&self, sample: u64, column: usize) -> Result<u64> {
+        match self.fixed.get(column).copied().flatten() {
+            Some(size) => Ok(size),
+            None => Ok(self.column_span(sample, column)?.2),
+        }
+    }
+
+    /// The tree of original paths, built on first use by reading every shard's path column.
+    fn path_tree(&self) -> Result<Arc<Tree<u64>>> {
+        let Naming::ByPath { path_column, .. } = self.naming else {
+            return Ok(Arc::new(Tree::default()));
+        };
+        let mut slot = lock(&self.path_tree);
+        if let Some(tree) = slot.as_ref() {
+            return Ok(Arc::clone(tree));
+        }
+        let started = std::time::Instant::now();
+        let mut tree = Tree::default();
+        let mut skipped = 0u64;
+        for shard in 0..self.index.shards.len() {
+            let data = self.shard_data(shard)?;
+            let layout = self.layout(shard)?;
+            for local in 0..layout.len() {
+                let sample = self.starts[shard] + local as u64;
+                let (offset, len) =
+                    layout
+                        .column_range(local, path_column)
+                        .ok_or_else(|| FsError::Corrupt {
+                            shard,
+                            reason: format!("sample {local} has no path column"),
+                        })?;
+                let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX).min(4096)];
+                let n = data.read_full_at(offset, &mut buf)?;
+                let usable = (n as u64 == len)
+                    .then(|| std::str::from_utf8(&buf[..n]).ok())
+                    .flatten()
+                    .filter(|p| check_relative("samples", p).is_ok());
+                match usable {
+                    Some(path) if tree.insert(path, sample) => {}
+                    _ => {
+                        skipped += 1;
+                        tracing::warn!(
+                            sample,
+                            "path is unsafe, too long or taken; sample left out of samples/"
+                        );
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            entries = tree.len(),
+            skipped,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "built the samples/ path tree"
+        );
+        let tree = Arc::new(tree);
+        *slot = Some(Arc::clone(&tree));
+        Ok(tree)
+    }
+
+    fn attr_of(&self, target: Target, ino: u64) -> Result<Attr> {
+        match target {
+            Target::Root | Target::SamplesDir => Ok(self.dir_attr(ino)),
+            Target::ShardNode(id) => match self.shard_tree.get(id) {
+                Some(Node::Dir(_)) => Ok(self.dir_attr(ino)),
+                Some(Node::Leaf(ShardLeaf::Index)) => {
+                    Ok(self.file_attr(ino, self.source.index_json().len() as u64))
+                }
+                Some(Node::Leaf(ShardLeaf::Shard(s))) => {
+                    Ok(self.file_attr(ino, self.index.shards[*s].raw_data.bytes))
+                }
+                None => Err(FsError::UnknownInode { ino }),
+            },
+            Target::PathNode(id) => {
+                let Naming::ByPath { data_column, .. } = self.naming else {
+                    return Err(FsError::UnknownInode { ino });
+                };
+                match self.path_tree()?.get(id) {
+                    Some(Node::Dir(_)) => Ok(self.dir_attr(ino)),
+                    Some(Node::Leaf(sample)) => {
+                        Ok(self.file_attr(ino, self.column_size(*sample, data_column)?))
+                    }
+                    None => Err(FsError::UnknownInode { ino }),
+                }
+            }
+            Target::SampleColumn { sample, column } => {
+                if !matches!(self.naming, Naming::ByIndex { .. }) {
+                    return Err(FsError::UnknownInode { ino });
+                }
+                Ok(self.file_attr(ino, self.column_size(sample, column)?))
+            }
+        }
+    }
+
+    /// Attributes of `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.attr_of(self.target(ino)?, ino)
+    }
+
+    /// Looks `name` up in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        let not_found = || FsError::NotFound {
+            parent,
+            name: name.to_string_lossy().into_owned(),
+        };
+        let name = name.to_str().ok_or_else(not_found)?;
+        let child = match self.target(parent)? {
+            Target::Root => match name {
+                "shards" => SHARDS_INO,
+                "samples" => SAMPLES_INO,
+                _ => return Err(not_found()),
+            },
+            Target::ShardNode(id) => match self.shard_tree.get(id) {
+                Some(Node::Dir(children)) => {
+                    Self::shard_node_ino(u64::from(*children.get(name).ok_or_else(not_found)?))
+                }
+                _ => return Err(FsError::NotADirectory { ino: parent }),
+            },
+            Target::SamplesDir | Target::PathNode(_) => match self.naming {
+                Naming::ByIndex { width } => {
+                    if parent != SAMPLES_INO {
+                        return Err(FsError::NotADirectory { ino: parent });
+                    }
+                    let sample = parse_index(name)
+                        .filter(|&s| s < self.num_samples())
+                        .ok_or_else(not_found)?;
+                    let column = self
+                        .columns
+                        .iter()
+                        .position(|(c, enc)| sample_file_name(width, sample, c, enc) == name)
+                        .ok_or_else(not_found)?;
+                    self.sample_ino(sample, column)
+                }
+                Naming::ByPath { .. } => {
+                    let id = if parent == SAMPLES_INO {
+                        0
+                    } else {
+                        parent - PATH_TREE_BASE
+                    };
+                    match self.path_tree()?.get(id) {
+                        Some(Node::Dir(children)) => Self::path_node_ino(u64::from(
+                            *children.get(name).ok_or_else(not_found)?,
+                        )),
+                        Some(Node::Leaf(_)) => return Err(FsError::NotADirectory { ino: parent }),
+                        None => return Err(FsError::UnknownInode { ino: parent }),
+                    }
+                }
+            },
+            Target::SampleColumn { .. } => return Err(FsError::NotADirectory { ino: parent }),
+        };
+        self.getattr(child)
+    }
+
+    /// Lists directory `ino` from position `offset`: `add(ino, next_offset, kind, name)` returns
+    /// true when the reply buffer is full.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, Kind, &str) -> bool,
+    ) -> Result<()> {
+        let mut pos = offset;
+        // "." and ".." come first, at positions 0 and 1.
+        while pos < 2 {
+            let name = if pos == 0 { "." } else { ".." };
+            let dot_ino = if pos == 0 { ino } else { ROOT_INO };
+            pos += 1;
+            if add(dot_ino, pos, Kind::Dir, name) {
+                return Ok(());
+            }
+        }
+        match self.target(ino)? {
+            Target::Root => {
+                let entries = [(SHARDS_INO, "shards"), (SAMPLES_INO, "samples")];
+                for (child, name) in entries.iter().skip((pos - 2) as usize) {
+                    pos += 1;
+                    if add(*child, pos, Kind::Dir, name) {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            Target::ShardNode(id) => match self.shard_tree.get(id) {
+                Some(Node::Dir(children)) => {
+                    emit_children(children, &mut pos, &mut add, |c| {
+                        let kind = match self.shard_tree.get(u64::from(c)) {
+                            Some(Node::Dir(_)) => Kind::Dir,
+                            _ => Kind::File,
+                        };
+                        (Self::shard_node_ino(u64::from(c)), kind)
+                    });
+                    Ok(())
+                }
+                _ => Err(FsError::NotADirectory { ino }),
+            },
+            Target::SamplesDir | Target::PathNode(_) => match self.naming {
+                Naming::ByIndex { width } if ino == SAMPLES_INO => {
+                    let ncols = self.columns.len() as u64;
+                    let total = self.num_samples() * ncols;
+                    let mut k = pos - 2;
+                    while k < total {
+                        let (sample, column) = (k / ncols, (k % ncols) as usize);
+                        let (col, enc) = &self.columns[column];
+                        let name = sample_file_name(width, sample, col, enc);
+                        k += 1;
+                        if add(self.sample_ino(sample, column), k + 2, Kind::File, &name) {
+                            break;
+                        }
+                    }
+                    Ok(())
+                }
+                Naming::ByIndex { .. } => Err(FsError::NotADirectory { ino }),
+                Naming::ByPath { .. } => {
+                    let id = if ino == SAMPLES_INO {
+                        0
+                    } else {
+                        ino - PATH_TREE_BASE
+                    };
+                    let tree = self.path_tree()?;
+                    match tree.get(id) {
+                        Some(Node::Dir(children)) => {
+                            emit_children(children, &mut pos, &mut add, |c| {
+                                let kind = match tree.get(u64::from(c)) {
+                                    Some(Node::Dir(_)) => Kind::Dir,
+                                    _ => Kind::File,
+                                };
+                                (Self::path_node_ino(u64::from(c)), kind)
+                            });
+                            Ok(())
+                        }
+                        _ => Err(FsError::NotADirectory { ino }),
+                    }
+                }
+            },
+            Target::SampleColumn { .. } => Err(FsError::NotADirectory { ino }),
+        }
+    }
+
+    /// Opens file `ino`; `write` is whether the caller asked for write access.
+    pub fn open(&self, ino: u64, write: bool) -> Result<u64> {
+        if write {
+            return Err(FsError::ReadOnly {
+                op: "open for write",
+            });
+        }
+        let span = match self.target(ino)? {
+            Target::Root | Target::SamplesDir => return Err(FsError::IsADirectory { ino }),
+            Target::ShardNode(id) => match self.shard_tree.get(id) {
+                Some(Node::Leaf(ShardLeaf::Index)) => Span::Index,
+                Some(Node::Leaf(ShardLeaf::Shard(s))) => Span::Shard {
+                    shard: *s,
+                    base: 0,
+                    len: self.index.shards[*s].raw_data.bytes,
+                },
+                Some(Node::Dir(_)) => return Err(FsError::IsADirectory { ino }),
+                None => return Err(FsError::UnknownInode { ino }),
+            },
+            Target::PathNode(id) => {
+                let Naming::ByPath { data_column, .. } = self.naming else {
+                    return Err(FsError::UnknownInode { ino });
+                };
+                match self.path_tree()?.get(id) {
+                    Some(Node::Leaf(sample)) => Span::Sample {
+                        sample: *sample,
+                        column: data_column,
+                    },
+                    Some(Node::Dir(_)) => return Err(FsError::IsADirectory { ino }),
+                    None => return Err(FsError::UnknownInode { ino }),
+                }
+            }
+            Target::SampleColumn { sample, column } => Span::Sample { sample, column },
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.open
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                fh,
+                Arc::new(OpenFile {
+                    span,
+                    data: Mutex::new(None),
+                }),
+            );
+        Ok(fh)
+    }
+
+    /// Reads up to `size` bytes at `offset` of open file `fh`; fewer only at the end of file.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let file = self
+            .open
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle { fh })?;
+        let (data, base, len) = match file.span {
+            Span::Index => {
+                let bytes = self.source.index_json();
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let end = start.saturating_add(size as usize).min(bytes.len());
+                return Ok(bytes[start..end].to_vec());
+            }
+            Span::Shard { shard, base, len } => {
+                let mut slot = lock(&file.data);
+                match slot.as_ref() {
+                    Some(d) => d.clone(),
+                    None => {
+                        let d = (self.shard_data(shard)?, base, len);
+                        *slot = Some(d.clone());
+                        d
+                    }
+                }
+            }
+            Span::Sample { sample, column } => {
+                let mut slot = lock(&file.data);
+                match slot.as_ref() {
+                    Some(d) => d.clone(),
+                    None => {
+                        let (shard, base, len) = self.column_span(sample, column)?;
+                        let d = (self.shard_data(shard)?, base, len);
+                        *slot = Some(d.clone());
+                        d
+                    }
+                }
+            }
+        };
+        if offset >= len {
+            return Ok(Vec::new());
+        }
+        let want = (len - offset).min(u64::from(size)) as usize;
+        let mut buf = vec![0u8; want];
+        let n = data.read_full_at(base + offset, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Forgets open file `fh` (its shard may stay pinned among the recently used ones).
+    pub fn release(&self, fh: u64) {
+        self.open
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&fh);
+    }
+
+    /// Figures for `statfs`.
+    pub fn statfs(&self) -> StatFs {
+        let bytes = self.index.shards.iter().map(|s| s.raw_data.bytes).sum();
+        let files = self.shard_tree.len() as u64 + self.num_samples() * self.columns.len() as u64;
+        StatFs {
+            bytes,
+            files,
+            name_max: 255,
+        }
+    }
+
+    /// Any change is refused: the one answer of every write-side operation.
+    pub fn refuse(&self, op: &'static str) -> FsError {
+        FsError::ReadOnly { op }
+    }
+}

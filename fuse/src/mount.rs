@@ -1,0 +1,181 @@
+//! Mounting: a `fuser` session over [`DatasetFs`], with an owner that unmounts it.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+
+use crate::adapter::FuseAdapter;
+use crate::fs::DatasetFs;
+
+/// How to mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Let other users (and root) read the mount (`allow_other`; non-root users need
+    /// `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Threads serving kernel requests.
+    pub threads: usize,
+    /// The name shown as the mount's source in /proc/mounts.
+    pub fs_name: String,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            allow_other: false,
+            threads: std::thread::available_parallelism()
+                .map_or(4, |n| n.get())
+                .clamp(2, 16),
+            fs_name: "shardstream".into(),
+        }
+    }
+}
+
+/// Errors of mounting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MountError {
+    /// The kernel or fusermount3 refused the mount.
+    #[error("cannot mount at {path}: {source}")]
+    Mount {
+        /// The mount point.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The session thread could not start.
+    #[error("cannot start the FUSE session thread: {0}")]
+    Thread(std::io::Error),
+    /// Unmounting failed.
+    #[error("cannot unmount {path}: {source}")]
+    Unmount {
+        /// The mount point.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The session ended with an error.
+    #[error("the FUSE session at {path} failed: {source}")]
+    Session {
+        /// The mount point.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A live mount. Dropping it unmounts and waits for the session to end.
+#[derive(Debug)]
+pub struct Mount {
+    path: PathBuf,
+    unmounter: SessionUnmounter,
+    ended: mpsc::Receiver<std::io::Result<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Mounts `fs` at `mountpoint`; returns once the kernel has completed the FUSE handshake, so the
+/// mount serves requests as soon as this returns.
+pub fn mount(
+    fs: DatasetFs,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<Mount, MountError> {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+        MountOption::FSName(options.fs_name.clone()),
+        MountOption::Subtype("shardstream".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if options.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(options.threads.max(1));
+    let mut session =
+        Session::new(FuseAdapter::new(fs), mountpoint, &config).map_err(|source| {
+            MountError::Mount {
+                path: mountpoint.to_path_buf(),
+                source,
+            }
+        })?;
+    let unmounter = session.unmount_callable();
+    let (tx, ended) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("shardstream-fuse".into())
+        .spawn(move || {
+            let _ = tx.send(session.run());
+        })
+        .map_err(MountError::Thread)?;
+    tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+    Ok(Mount {
+        path: mountpoint.to_path_buf(),
+        unmounter,
+        ended,
+        thread: Some(thread),
+    })
+}
+
+impl Mount {
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits up to `timeout` for the session to end (someone ran `fusermount3 -u`); returns
+    /// `Some` with its outcome if it did.
+    pub fn wait_ended(&mut self, timeout: Duration) -> Option<Result<(), MountError>> {
+        match self.ended.recv_timeout(timeout) {
+            Ok(result) => {
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+                Some(result.map_err(|source| MountError::Session {
+                    path: self.path.clone(),
+                    source,
+                }))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(Ok(())),
+        }
+    }
+
+    /// Unmounts and waits for the session thread to finish.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<(), MountError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        self.unmounter
+            .unmount()
+            .map_err(|source| MountError::Unmount {
+                path: self.path.clone(),
+                source,
+            })?;
+        let _ = thread.join();
+        tracing::info!(mountpoint = %self.path.display(), "unmounted");
+        match self.ended.try_recv() {
+            Ok(Err(source)) => Err(MountError::Session {
+                path: self.path.clone(),
+                source,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount_inner() {
+            tracing::warn!(error = %e, "unmount on drop failed");
+        }
+    }
+}
