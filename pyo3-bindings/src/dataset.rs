@@ -1,9 +1,583 @@
-//! Placeholder: filled in by its issue.
+//! `NativeDataset` and `NativeStream`: the native half of `shardstream.StreamingDataset`.
+//!
+//! A stream is read by one background thread per stream (made in the process that iterates, so
+//! DataLoader workers under `fork` and `spawn` each have their own). That thread pulls samples
+//! from the streamer's prefetching [`SampleStream`] and parses their columns with no GIL; the
+//! Python side takes them in batches, waiting with the GIL released and checking for signals
+//! every [`POLL`], so Ctrl-C interrupts a blocked iteration.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded as sync_channel, Receiver, RecvTimeoutError};
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use shardstream_sharding::mds::Encoding;
+use shardstream_sharding::value::DType;
+use shardstream_sharding::FormatError;
+use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, Remainder, StreamState, World};
+use shardstream_streamer::{RawSample, StreamPlan, StreamingConfig, StreamingDataset};
 
-/// Adds this module's classes and functions.
+use crate::decode::{parse_sample, Decoder, ParsedSample};
+use crate::errors::{from_format, from_streamer};
+
+/// How often a blocked wait wakes up to check for Ctrl-C.
+const POLL: Duration = Duration::from_millis(50);
+/// Most samples the reader thread hands over at once.
+const MAX_CHUNK: usize = 64;
+/// Most bytes the reader thread gathers before handing a chunk over.
+const CHUNK_BYTES: usize = 4 << 20;
+/// Chunks waiting in the channel.
+const CHANNEL_CHUNKS: usize = 2;
+
+/// An opened dataset (native half of `shardstream.StreamingDataset`).
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct NativeDataset {
+    ds: Arc<StreamingDataset>,
+    decoder: Arc<Decoder>,
+}
+
+fn remainder_of(name: &str) -> PyResult<Remainder> {
+    match name {
+        "pad" => Ok(Remainder::Pad),
+        "drop" => Ok(Remainder::Drop),
+        other => Err(PyValueError::new_err(format!(
+            "remainder must be 'pad' or 'drop', got {other:?}"
+        ))),
+    }
+}
+
+fn remainder_name(r: Remainder) -> &'static str {
+    match r {
+        Remainder::Pad => "pad",
+        Remainder::Drop => "drop",
+    }
+}
+
+fn order_config(
+    seed: u64,
+    shuffle: bool,
+    window: u32,
+    lanes: u32,
+    remainder: &str,
+) -> PyResult<OrderConfig> {
+    let config = OrderConfig {
+        seed,
+        shuffle,
+        window,
+        lanes,
+        remainder: remainder_of(remainder)?,
+    };
+    config.validate().map_err(from_streamer)?;
+    Ok(config)
+}
+
+#[pymethods]
+impl NativeDataset {
+    #[new]
+    #[pyo3(signature = (remote, *, split=None, local=None, cache_root=None, run_id=None,
+        node_rank=None, memory_limit=None, cache_limit=None, copy_local=false,
+        validate_hash=false, allow_unsafe_types=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        remote: String,
+        split: Option<String>,
+        local: Option<std::path::PathBuf>,
+        cache_root: Option<std::path::PathBuf>,
+        run_id: Option<String>,
+        node_rank: Option<u64>,
+        memory_limit: Option<u64>,
+        cache_limit: Option<u64>,
+        copy_local: bool,
+        validate_hash: bool,
+        allow_unsafe_types: bool,
+    ) -> PyResult<Self> {
+        let config = StreamingConfig {
+            remote,
+            split,
+            local,
+            cache_root,
+            run_id,
+            node_rank,
+            memory_limit,
+            cache_limit,
+            copy_local,
+            validate_hash,
+            allow_unsafe_types,
+        };
+        let ds = py
+            .detach(|| StreamingDataset::open(config))
+            .map_err(from_streamer)?;
+        let mut names = Vec::new();
+        let mut encodings = Vec::new();
+        for (name, enc) in ds.columns() {
+            names.push(name.clone());
+            encodings.push(Encoding::parse(enc).map_err(from_format)?);
+        }
+        let decoder = Arc::new(Decoder::new(py, names, encodings));
+        Ok(NativeDataset {
+            ds: Arc::new(ds),
+            decoder,
+        })
+    }
+
+    /// Samples in the dataset.
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.ds.num_samples()
+    }
+
+    /// Shards in the dataset.
+    #[getter]
+    fn num_shards(&self) -> usize {
+        self.ds.num_shards()
+    }
+
+    /// `(name, encoding)` of every column, in the index's order.
+    #[getter]
+    fn columns(&self) -> Vec<(String, String)> {
+        self.ds.columns().to_vec()
+    }
+
+    /// The node's cache folder for this dataset.
+    #[getter]
+    fn cache_dir(&self) -> std::path::PathBuf {
+        self.ds.cache_dir().to_path_buf()
+    }
+
+    /// Sample count of every shard, in index order.
+    fn shard_sizes(&self) -> Vec<u64> {
+        (0..self.ds.num_shards())
+            .map(|s| {
+                let first = self.first_of(s);
+                let next = if s + 1 < self.ds.num_shards() {
+                    self.first_of(s + 1)
+                } else {
+                    self.ds.num_samples()
+                };
+                next.saturating_sub(first)
+            })
+            .collect()
+    }
+
+    /// Sample `index` decoded as Mosaic decodes it (fetches its shard if needed).
+    fn get<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
+        let n = self.ds.num_samples();
+        let index = if index < 0 { n as i64 + index } else { index };
+        if index < 0 || index as u64 >= n {
+            return Err(PyIndexError::new_err(format!(
+                "sample {index} is out of range (the dataset has {n})"
+            )));
+        }
+        let decoder = Arc::clone(&self.decoder);
+        let ds = Arc::clone(&self.ds);
+        let parsed = py.detach(move || -> PyResult<ParsedSample> {
+            let raw = ds.sample(index as u64).map_err(from_streamer)?;
+            parse_raw(&decoder, &raw).map_err(from_format)
+        })?;
+        self.decoder.to_python(py, parsed)
+    }
+
+    /// The number of global positions of an epoch under this order (before padding).
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch))]
+    #[allow(clippy::too_many_arguments)]
+    fn epoch_len(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        shuffle: bool,
+        window: u32,
+        lanes: u32,
+        remainder: &str,
+        epoch: u64,
+    ) -> PyResult<u64> {
+        let config = order_config(seed, shuffle, window, lanes, remainder)?;
+        let order = py
+            .detach(|| EpochOrder::new(self.ds.shape(), &config, epoch))
+            .map_err(from_streamer)?;
+        Ok(order.global_len())
+    }
+
+    /// A `StreamState` as JSON text: the position after `consumed` global positions of `epoch`.
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed))]
+    #[allow(clippy::too_many_arguments)]
+    fn state_json(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        shuffle: bool,
+        window: u32,
+        lanes: u32,
+        remainder: &str,
+        epoch: u64,
+        consumed: u64,
+    ) -> PyResult<String> {
+        let config = order_config(seed, shuffle, window, lanes, remainder)?;
+        let order = py
+            .detach(|| EpochOrder::new(self.ds.shape(), &config, epoch))
+            .map_err(from_streamer)?;
+        serde_json::to_string(&StreamState::new(&order, consumed))
+            .map_err(|e| PyValueError::new_err(format!("cannot serialise the stream state: {e}")))
+    }
+
+    /// Checks a `StreamState` JSON against this dataset; returns
+    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len)`.
+    fn parse_state<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyTuple>> {
+        let state: StreamState = serde_json::from_str(text)
+            .map_err(|e| PyValueError::new_err(format!("invalid stream state: {e}")))?;
+        let order = py
+            .detach(|| state.resume(self.ds.shape()))
+            .map_err(from_streamer)?;
+        let c = state.config;
+        (
+            c.seed,
+            c.shuffle,
+            c.window,
+            c.lanes,
+            remainder_name(c.remainder),
+            state.epoch,
+            state.consumed,
+            order.global_len(),
+        )
+            .into_pyobject(py)
+    }
+
+    /// This process's counters (bytes fetched, cache hits, memory in use, ...).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.ds.metrics();
+        let d = PyDict::new(py);
+        d.set_item("fetch_bytes", m.fetch_bytes)?;
+        d.set_item("fetch_requests", m.fetch_requests)?;
+        d.set_item("fetch_retries", m.fetch_retries)?;
+        d.set_item("shards_fetched", m.shards_fetched)?;
+        d.set_item("cache_hits", m.cache_hits)?;
+        d.set_item("cache_misses", m.cache_misses)?;
+        d.set_item("cache_evictions", m.cache_evictions)?;
+        d.set_item("cache_bytes", m.cache_bytes)?;
+        d.set_item("samples", m.samples)?;
+        d.set_item("sample_bytes", m.sample_bytes)?;
+        d.set_item("stall_seconds", m.stall_seconds)?;
+        d.set_item("memory_in_use", m.memory_in_use)?;
+        d.set_item("memory_limit", m.memory_limit)?;
+        Ok(d)
+    }
+
+    /// Streams one rank's part of an epoch. `raw=True` yields column batches for
+    /// `NativeStream.next_columns` instead of decoded samples.
+    #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
+        processes_per_node, workers, batch_size, node, local_process, worker, start, raw=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        shuffle: bool,
+        window: u32,
+        lanes: u32,
+        remainder: &str,
+        epoch: u64,
+        nodes: u32,
+        processes_per_node: u32,
+        workers: u32,
+        batch_size: u32,
+        node: u32,
+        local_process: u32,
+        worker: u32,
+        start: u64,
+        raw: bool,
+    ) -> PyResult<NativeStream> {
+        let plan = StreamPlan {
+            order: order_config(seed, shuffle, window, lanes, remainder)?,
+            epoch,
+            world: World::new(nodes, processes_per_node, workers, batch_size)
+                .map_err(from_streamer)?,
+            rank: Rank {
+                node,
+                local_process,
+                worker,
+            },
+            start,
+        };
+        let ds = Arc::clone(&self.ds);
+        let decoder = Arc::clone(&self.decoder);
+        let stream = py.detach(|| ds.stream(plan)).map_err(from_streamer)?;
+        let (tx, rx) = sync_channel::<Chunk>(CHANNEL_CHUNKS);
+        let reader_decoder = Arc::clone(&decoder);
+        std::thread::Builder::new()
+            .name("shardstream-reader".into())
+            .spawn(move || {
+                let mut chunk: Vec<Item> = Vec::new();
+                let mut bytes = 0usize;
+                let mut target = 1usize;
+                for next in stream {
+                    let item = match next {
+                        Ok(s) => {
+                            bytes += s.sample.bytes().len();
+                            if raw {
+                                Ok(Item::Raw(s.sample))
+                            } else {
+                                parse_raw(&reader_decoder, &s.sample)
+                                    .map(Item::Parsed)
+                                    .map_err(|e| from_streamer(e.into()))
+                            }
+                        }
+                        Err(e) => Err(from_streamer(e)),
+                    };
+                    let failed = item.is_err();
+                    match item {
+                        Ok(item) => chunk.push(item),
+                        Err(e) => {
+                            if !chunk.is_empty() && tx.send(Ok(std::mem::take(&mut chunk))).is_err()
+                            {
+                                return;
+                            }
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                    if failed || chunk.len() >= target || bytes >= CHUNK_BYTES {
+                        if tx.send(Ok(std::mem::take(&mut chunk))).is_err() {
+                            return;
+                        }
+                        bytes = 0;
+                        target = (target * 2).min(MAX_CHUNK);
+                    }
+                }
+                if !chunk.is_empty() {
+                    let _ = tx.send(Ok(chunk));
+                }
+            })
+            .map_err(|e| {
+                pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "cannot start the reader thread: {e}"
+                ))
+            })?;
+        Ok(NativeStream {
+            rx: Mutex::new(Some(rx)),
+            pending: Mutex::new(VecDeque::new()),
+            decoder,
+        })
+    }
+}
+
+impl NativeDataset {
+    fn first_of(&self, shard: usize) -> u64 {
+        // shard_of is monotone in the sample id: binary search for the shard's first sample.
+        let (mut lo, mut hi) = (0u64, self.ds.num_samples());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.ds.shard_of(mid) {
+                Some((s, _)) if s < shard => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        lo
+    }
+}
+
+fn parse_raw(decoder: &Decoder, raw: &RawSample) -> Result<ParsedSample, FormatError> {
+    parse_sample(
+        decoder.encodings(),
+        decoder.names(),
+        &raw.columns(),
+        &format!("shard {}", raw.shard()),
+        raw.index_in_shard(),
+    )
+}
+
+enum Item {
+    Parsed(ParsedSample),
+    Raw(RawSample),
+}
+
+type Chunk = Result<Vec<Item>, PyErr>;
+
+/// One rank's stream of an epoch (native half of the iterator `StreamingDataset.__iter__`
+/// returns).
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct NativeStream {
+    rx: Mutex<Option<Receiver<Chunk>>>,
+    pending: Mutex<VecDeque<Item>>,
+    decoder: Arc<Decoder>,
+}
+
+impl NativeStream {
+    /// Takes up to `n` items, waiting (GIL released, signals checked) until `n` are there or
+    /// the stream ends.
+    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<Item>> {
+        let mut out = Vec::with_capacity(n.min(4096));
+        loop {
+            {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                while out.len() < n {
+                    match pending.pop_front() {
+                        Some(item) => out.push(item),
+                        None => break,
+                    }
+                }
+            }
+            if out.len() >= n {
+                return Ok(out);
+            }
+            let mut rx_guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(rx) = rx_guard.as_ref() else {
+                return Ok(out);
+            };
+            let got = py.detach(|| rx.recv_timeout(POLL));
+            match got {
+                Ok(Ok(chunk)) => {
+                    let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    pending.extend(chunk);
+                }
+                Ok(Err(e)) => {
+                    *rx_guard = None;
+                    return Err(e);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    drop(rx_guard);
+                    py.check_signals()?;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    *rx_guard = None;
+                    return Ok(out);
+                }
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl NativeStream {
+    /// Up to `n` decoded samples (dicts); an empty list at the end of the stream.
+    fn next_samples<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
+        let items = self.take(py, n.max(1))?;
+        let list = PyList::empty(py);
+        for item in items {
+            match item {
+                Item::Parsed(p) => list.append(self.decoder.to_python(py, p)?)?,
+                Item::Raw(raw) => {
+                    let parsed = parse_raw(&self.decoder, &raw).map_err(from_format)?;
+                    list.append(self.decoder.to_python(py, parsed)?)?
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Up to `n` samples as columns: `(count, {name: column})`, where a fixed-size numeric
+    /// column is `(dtype, shape, bytes)` ready for `np.frombuffer(...).reshape(count, *shape)`
+    /// and any other column is `(None, offsets_bytes, bytes)`: the columns' bytes laid end to
+    /// end and `count + 1` little-endian u64 offsets into them. One copy per column per batch,
+    /// no Python object per sample.
+    #[pyo3(signature = (n, columns=None))]
+    fn next_columns<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        columns: Option<Vec<String>>,
+    ) -> PyResult<(usize, Bound<'py, PyDict>)> {
+        let items = self.take(py, n.max(1))?;
+        let raws: Vec<RawSample> = items
+            .into_iter()
+            .map(|item| match item {
+                Item::Raw(r) => Ok(r),
+                Item::Parsed(_) => Err(PyValueError::new_err(
+                    "this stream decodes samples; open it with raw=True for column batches",
+                )),
+            })
+            .collect::<PyResult<_>>()?;
+        let names = self.decoder.names();
+        let wanted: Vec<usize> = match &columns {
+            None => (0..names.len()).collect(),
+            Some(cols) => cols
+                .iter()
+                .map(|c| {
+                    names.iter().position(|n| n == c).ok_or_else(|| {
+                        PyValueError::new_err(format!("no column {c:?}; the dataset has {names:?}"))
+                    })
+                })
+                .collect::<PyResult<_>>()?,
+        };
+        let out = PyDict::new(py);
+        let count = raws.len();
+        let split: Vec<Vec<&[u8]>> = raws.iter().map(RawSample::columns).collect();
+        for &c in &wanted {
+            let enc = &self.decoder.encodings()[c];
+            let parts: Vec<&[u8]> = split
+                .iter()
+                .map(|cols| cols.get(c).copied().unwrap_or(&[]))
+                .collect();
+            let total: usize = parts.iter().map(|p| p.len()).sum();
+            let data = PyBytes::new_with(py, total, |buf| {
+                let mut at = 0;
+                for p in &parts {
+                    buf[at..at + p.len()].copy_from_slice(p);
+                    at += p.len();
+                }
+                Ok(())
+            })?;
+            let value = match fixed_numeric(enc) {
+                Some((dtype, shape))
+                    if parts
+                        .iter()
+                        .all(|p| p.len() as u64 == elem_bytes(dtype, &shape)) =>
+                {
+                    (
+                        Some(dtype.name()),
+                        PyTuple::new(py, &shape)?.into_any(),
+                        data,
+                    )
+                        .into_pyobject(py)?
+                }
+                _ => {
+                    let mut offsets = Vec::with_capacity((count + 1) * 8);
+                    let mut at = 0u64;
+                    offsets.extend_from_slice(&at.to_le_bytes());
+                    for p in &parts {
+                        at += p.len() as u64;
+                        offsets.extend_from_slice(&at.to_le_bytes());
+                    }
+                    (None::<&str>, PyBytes::new(py, &offsets).into_any(), data).into_pyobject(py)?
+                }
+            };
+            out.set_item(&names[c], value)?;
+        }
+        Ok((count, out))
+    }
+
+    /// Stops the stream: the reader thread ends and its prefetched shards are released.
+    fn close(&self) {
+        *self.rx.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+}
+
+/// A column whose every value is a fixed-size little-endian number or array.
+fn fixed_numeric(enc: &Encoding) -> Option<(DType, Vec<u64>)> {
+    match enc {
+        Encoding::Int => Some((DType::I64, Vec::new())),
+        Encoding::Scalar(d) => Some((*d, Vec::new())),
+        Encoding::NdArray {
+            dtype: Some(d),
+            shape: Some(shape),
+        } => Some((*d, shape.clone())),
+        _ => None,
+    }
+}
+
+fn elem_bytes(dtype: DType, shape: &[u64]) -> u64 {
+    shape.iter().product::<u64>() * dtype.size() as u64
+}
+
+/// Adds this module's classes.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let _ = m;
+    m.add_class::<NativeDataset>()?;
+    m.add_class::<NativeStream>()?;
     Ok(())
 }

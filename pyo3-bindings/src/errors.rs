@@ -62,3 +62,74 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     Ok(())
 }
+
+/// Maps a formats-crate error to the Python exception of its kind; the message (which names the
+/// file and the problem) is kept verbatim.
+pub fn from_format(err: shardstream_sharding::FormatError) -> PyErr {
+    use shardstream_sharding::FormatError as F;
+    let msg = err.to_string();
+    match err {
+        F::HashMismatch { .. } | F::SizeMismatch { .. } => HashMismatchError::new_err(msg),
+        F::InvalidIndex { .. }
+        | F::UnsupportedVersion { .. }
+        | F::CorruptShard { .. }
+        | F::Decompress { .. }
+        | F::UnsafePath { .. }
+        | F::Decode { .. }
+        | F::Tar { .. }
+        | F::ShardTooLarge { .. } => CorruptDataError::new_err(msg),
+        F::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            NotFoundError::new_err(msg)
+        }
+        F::Io { .. } => StorageError::new_err(msg),
+        F::Unknown { .. }
+        | F::UnsafeEncoding { .. }
+        | F::Encode { .. }
+        | F::InvalidArgument(_)
+        | F::Unsupported { .. }
+        | F::InvalidInput { .. } => pyo3::exceptions::PyValueError::new_err(msg),
+        _ => ShardstreamError::new_err(msg),
+    }
+}
+
+/// Maps a storage-layer error to the Python exception of its kind.
+pub fn from_storage(err: shardstream_storage::StorageError) -> PyErr {
+    use shardstream_storage::StorageError as S;
+    let msg = err.to_string();
+    match err {
+        S::NotFound { .. } => NotFoundError::new_err(msg),
+        S::SizeMismatch { .. } => HashMismatchError::new_err(msg),
+        S::InvalidUrl { .. } | S::UnsafePath { .. } | S::Config { .. } => {
+            pyo3::exceptions::PyValueError::new_err(msg)
+        }
+        _ => StorageError::new_err(msg),
+    }
+}
+
+/// Maps a streamer error (which wraps the formats, storage and cache errors) to the Python
+/// exception of its kind.
+pub fn from_streamer(err: shardstream_streamer::StreamerError) -> PyErr {
+    use shardstream_streamer::cache::CacheError as C;
+    use shardstream_streamer::StreamerError as E;
+    let msg = err.to_string();
+    match err {
+        E::Format(e) => from_format(e),
+        E::Storage(e) => from_storage(e),
+        E::NotFound { .. } => NotFoundError::new_err(msg),
+        E::Corrupt { .. } => CorruptDataError::new_err(msg),
+        E::HashMismatch { .. } => HashMismatchError::new_err(msg),
+        E::BudgetExceeded { .. } | E::LimitTooSmall { .. } => BudgetExceededError::new_err(msg),
+        E::OutOfRange { .. } => pyo3::exceptions::PyIndexError::new_err(msg),
+        E::InvalidConfig { .. }
+        | E::InvalidWeights { .. }
+        | E::RankOutOfRange { .. }
+        | E::ShapeMismatch { .. }
+        | E::UnsupportedStateVersion { .. } => pyo3::exceptions::PyValueError::new_err(msg),
+        E::Cache(C::HashMismatch { .. } | C::SizeMismatch { .. }) => {
+            HashMismatchError::new_err(msg)
+        }
+        E::Cache(C::LimitTooSmall { .. }) => BudgetExceededError::new_err(msg),
+        E::Cache(_) | E::Io { .. } => StorageError::new_err(msg),
+        _ => ShardstreamError::new_err(msg),
+    }
+}

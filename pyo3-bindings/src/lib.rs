@@ -8,7 +8,10 @@ use pyo3::prelude::*;
 
 mod checkpoint;
 mod dataset;
+mod decode;
 mod errors;
+mod runtime;
+mod writer;
 
 /// The `shardstream._native` module.
 #[pymodule]
@@ -17,5 +20,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     dataset::register(m)?;
     checkpoint::register(m)?;
+    m.add_class::<writer::NativeShardWriter>()?;
     Ok(())
 }

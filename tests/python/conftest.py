@@ -116,3 +116,32 @@ def moto():
     server = MotoServer()
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def stream_env(tmp_path, monkeypatch):
+    """A run id and a cache root of the test's own for `shardstream.StreamingDataset` (DESIGN.md
+    §4: the dataset refuses to invent a run id). Returns the environment it set."""
+    env = {
+        "SHARDSTREAM_RUN_ID": f"test-{os.getpid()}-{tmp_path.name}",
+        "SHARDSTREAM_CACHE_ROOT": str(tmp_path / "cache-root"),
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    return env
+
+
+def write_ids(out: Path, n: int, size_limit: int = 1 << 12, extra: int = 0) -> None:
+    """A Mosaic-written dataset of `n` samples: `id` (int), `x` (uint32 = 3*id) and `pad`
+    (`extra` bytes), small shards so that orders and caches have something to do."""
+    from streaming import MDSWriter
+
+    with MDSWriter(
+        out=str(out),
+        columns={"id": "int", "x": "uint32", "pad": "bytes"},
+        size_limit=size_limit,
+    ) as w:
+        for i in range(n):
+            w.write({"id": i, "x": __import__("numpy").uint32(3 * i), "pad": bytes([i % 251]) * extra})

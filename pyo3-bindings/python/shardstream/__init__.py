@@ -10,3 +10,20 @@ from shardstream._native import (  # noqa: F401
     StorageError,
     __version__,
 )
+from shardstream.dataset import StreamingDataset, VarColumn, open  # noqa: F401
+from shardstream.writer import ShardWriter  # noqa: F401
+
+__all__ = [
+    "BudgetExceededError",
+    "CheckpointError",
+    "CorruptDataError",
+    "HashMismatchError",
+    "NotFoundError",
+    "ShardWriter",
+    "ShardstreamError",
+    "StorageError",
+    "StreamingDataset",
+    "VarColumn",
+    "open",
+    "__version__",
+]

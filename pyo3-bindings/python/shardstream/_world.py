@@ -1,0 +1,104 @@
+"""Where this process sits in the job: nodes x processes per node x DataLoader workers.
+
+DESIGN.md §4: `torch.distributed` when it is initialized, else the `RANK`, `WORLD_SIZE`,
+`LOCAL_RANK`, `LOCAL_WORLD_SIZE` environment that torchrun sets; a single process otherwise.
+DataLoader workers come from `torch.utils.data.get_worker_info()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("shardstream")
+_logged: set = set()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This process's place: `node` of `nodes`, `local_process` of `processes_per_node`, and
+    DataLoader `worker` of `workers`."""
+
+    nodes: int
+    processes_per_node: int
+    node: int
+    local_process: int
+    workers: int
+    worker: int
+
+    @property
+    def processes(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def global_rank(self) -> int:
+        return self.node * self.processes_per_node + self.local_process
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _process_rank() -> tuple[int, int, str]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size(), "torch.distributed"
+    except ImportError:
+        pass
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None or world is None:
+        return 0, 1, "default (no torch.distributed, no RANK/WORLD_SIZE)"
+    return rank, world, "RANK/WORLD_SIZE"
+
+
+def _worker() -> tuple[int, int]:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 1, 0
+    info = get_worker_info()
+    if info is None:
+        return 1, 0
+    return info.num_workers, info.id
+
+
+def placement() -> Placement:
+    """Resolves this process's placement (logged once per process)."""
+    rank, world, source = _process_rank()
+    local_world = _env_int("LOCAL_WORLD_SIZE") or world
+    if world % local_world != 0:
+        raise ValueError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}; "
+            "every node must run the same number of processes"
+        )
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside the world of {world} processes")
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        local_rank = rank % local_world
+    workers, worker = _worker()
+    p = Placement(
+        nodes=world // local_world,
+        processes_per_node=local_world,
+        node=rank // local_world,
+        local_process=local_rank,
+        workers=workers,
+        worker=worker,
+    )
+    key = (os.getpid(), p)
+    if key not in _logged:
+        _logged.add(key)
+        log.info(
+            "shardstream placement from %s: node %d/%d, process %d/%d, worker %d/%d",
+            source, p.node, p.nodes, p.local_process, p.processes_per_node, p.worker, p.workers,
+        )
+    return p

@@ -1,0 +1,342 @@
+"""`StreamingDataset`: a drop-in for mosaicml-streaming's `StreamingDataset`, streaming through
+the Rust engine (fetch under one memory budget, node cache, world-independent sample order).
+
+The class is thin: it works out where the process sits (nodes, processes, DataLoader workers),
+asks the native stream for its share of the epoch, and hands out what the native side decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from shardstream import _native
+from shardstream._units import parse_bytes
+from shardstream._world import Placement, placement
+
+try:  # torch is optional: without it the dataset is a plain iterable.
+    from torch.utils.data import IterableDataset as _Base
+except ImportError:  # pragma: no cover - exercised only where torch is absent
+    _Base = object  # type: ignore[assignment,misc]
+
+DEFAULT_SEED = 9176
+DEFAULT_WINDOW = 16
+
+# Mosaic arguments that shardstream accepts for a one-line switch but does not need: the engine
+# has its own download scheduling, sample order and partition.
+_IGNORED_MOSAIC_ARGS = {
+    "streams", "download_retry", "download_timeout", "keep_zip", "epoch_size",
+    "sampling_method", "sampling_granularity", "partition_algo", "shuffle_algo",
+    "batching_method", "replication", "allow_unsafe_types_in_streams",
+}
+
+
+class VarColumn:
+    """A variable-size column of a batch from `iter_batches`: all values' bytes end to end in
+    one `bytes` object (`data`) and `len + 1` offsets. Indexing gives a zero-copy `memoryview`."""
+
+    __slots__ = ("data", "offsets", "encoding")
+
+    def __init__(self, data: bytes, offsets: np.ndarray, encoding: str) -> None:
+        self.data = data
+        self.offsets = offsets
+        self.encoding = encoding
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> memoryview:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for a column of {n} values")
+        return memoryview(self.data)[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def tolist(self) -> list:
+        """The values as `bytes` (or `str` for `str` columns)."""
+        out = [bytes(self[i]) for i in range(len(self))]
+        if self.encoding == "str":
+            return [b.decode("utf-8") for b in out]
+        return out
+
+    def __repr__(self) -> str:
+        return f"VarColumn({len(self)} values, {len(self.data)} bytes, {self.encoding})"
+
+
+class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
+    """Streams an MDS dataset into PyTorch; Mosaic's arguments, shardstream's engine.
+
+    `remote` is the dataset (`s3://`, `gs://`, `az://`, a path); `local` is where its shards are
+    cached (Mosaic's meaning) or, without `remote`, the dataset itself. Samples are dicts decoded
+    as Mosaic decodes them. See docs/python.md for every argument and for resume.
+    """
+
+    def __init__(
+        self,
+        remote: str | None = None,
+        local: str | None = None,
+        *,
+        split: str | None = None,
+        shuffle: bool = False,
+        shuffle_seed: int = DEFAULT_SEED,
+        shuffle_block_size: int | None = None,
+        batch_size: int | None = None,
+        cache_limit: int | str | None = None,
+        memory_limit: int | str | None = None,
+        predownload: int | None = None,
+        num_canonical_nodes: int | None = None,
+        validate_hash: str | bool | None = None,
+        allow_unsafe_types: bool = False,
+        shuffle_window: int | None = None,
+        remainder: str = "pad",
+        cache_root: str | None = None,
+        run_id: str | None = None,
+        node_rank: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = set(kwargs) - _IGNORED_MOSAIC_ARGS
+        if unknown:
+            raise TypeError(f"StreamingDataset got unexpected arguments: {sorted(unknown)}")
+        if kwargs:
+            warnings.warn(
+                f"shardstream ignores the mosaicml-streaming arguments {sorted(kwargs)}",
+                stacklevel=2,
+            )
+        if remote is None and local is None:
+            raise ValueError("StreamingDataset needs remote, local, or both")
+        if remainder not in ("pad", "drop"):
+            raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+        self.remote = remote
+        self.local = local
+        self.split = split
+        self.shuffle = bool(shuffle)
+        self.shuffle_seed = int(shuffle_seed)
+        self.shuffle_block_size = shuffle_block_size
+        self.batch_size = batch_size
+        self.predownload = predownload
+        self.num_canonical_nodes = num_canonical_nodes
+        self.remainder = remainder
+        self._open_args = dict(
+            remote=remote if remote is not None else local,
+            split=split,
+            local=local if remote is not None else None,
+            cache_root=cache_root,
+            run_id=run_id,
+            node_rank=node_rank,
+            memory_limit=parse_bytes(memory_limit, "memory_limit"),
+            cache_limit=parse_bytes(cache_limit, "cache_limit"),
+            validate_hash=bool(validate_hash),
+            allow_unsafe_types=bool(allow_unsafe_types),
+        )
+        self._native_ds: _native.NativeDataset | None = None
+        self._native_pid: int | None = None
+        self._shuffle_window = shuffle_window
+        self._window: int | None = None
+        self._lanes: int | None = num_canonical_nodes
+        self._epoch = 0
+        self._resume_start = 0  # positions of self._epoch consumed before this run
+        self._yielded = 0  # samples this process yielded in the current epoch (no workers)
+        self._native()  # open now: a bad URL or index fails here, not in a worker
+
+    # -- native handle --------------------------------------------------------------------
+
+    def _native(self) -> _native.NativeDataset:
+        if self._native_ds is None:
+            self._native_ds = _native.NativeDataset(**self._open_args)
+        return self._native_ds
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_native_ds"] = None  # reopened in the child (spawn); the engine is per process
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    # -- shape ----------------------------------------------------------------------------
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset."""
+        return self._native().num_samples
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Column name to MDS encoding."""
+        return dict(self._native().columns)
+
+    @property
+    def cache_dir(self) -> str:
+        """This node's cache folder for the dataset."""
+        return str(self._native().cache_dir)
+
+    def metrics(self) -> dict:
+        """This process's engine counters (fetched bytes, cache hits, memory in use, ...)."""
+        return self._native().metrics()
+
+    def _order(self, p: Placement) -> dict:
+        if self._lanes is None:
+            self._lanes = p.nodes  # Mosaic's default: the node count at the start of the run
+        if self._window is None:
+            if self._shuffle_window is not None:
+                self._window = int(self._shuffle_window)
+            elif self.shuffle_block_size is not None:
+                sizes = [s for s in self._native().shard_sizes() if s > 0]
+                per_shard = sum(sizes) / max(len(sizes), 1)
+                self._window = max(1, round(self.shuffle_block_size / max(per_shard, 1)))
+            else:
+                self._window = DEFAULT_WINDOW
+        return dict(
+            seed=self.shuffle_seed,
+            shuffle=self.shuffle,
+            window=self._window,
+            lanes=self._lanes,
+            remainder=self.remainder,
+        )
+
+    def __len__(self) -> int:
+        """Samples this process yields in an epoch (its DataLoader workers together)."""
+        p = placement()
+        n = self._native().epoch_len(epoch=self._epoch, **self._order(p))
+        if self.remainder == "pad":
+            return -(-n // p.processes)
+        return n // p.processes
+
+    def __getitem__(self, index: int) -> dict:
+        """Sample `index` (random access; fetches its shard through the cache)."""
+        return self._native().get(index)
+
+    # -- epochs and resume ----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next iteration streams (each epoch has its own shuffle). Call
+        it before every epoch when the DataLoader has workers, as with `DistributedSampler`."""
+        if epoch != self._epoch:
+            self._resume_start = 0
+        self._epoch = int(epoch)
+        self._yielded = 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration streams."""
+        return self._epoch
+
+    def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
+        """The position to resume from, as Mosaic's `state_dict`: `num_samples` is the number of
+        samples the whole job consumed in this epoch (all ranks: steps x batch x world), counted
+        from the epoch's start (`from_beginning`) or from where this run resumed. Without it,
+        this process's own count is used (exact with `num_workers=0`)."""
+        p = placement()
+        order = self._order(p)
+        if num_samples is None:
+            consumed = self._resume_start + self._yielded * p.processes
+        elif from_beginning:
+            consumed = int(num_samples)
+        else:
+            consumed = self._resume_start + int(num_samples)
+        text = self._native().state_json(epoch=self._epoch, consumed=consumed, **order)
+        state = json.loads(text)
+        return {
+            "epoch": self._epoch,
+            "sample_in_epoch": state["consumed"],
+            "num_canonical_nodes": order["lanes"],
+            "shuffle_seed": self.shuffle_seed,
+            "initial_physical_nodes": p.nodes,
+            "shardstream": state,
+        }
+
+    def load_state_dict(self, obj: Mapping[str, Any]) -> None:
+        """Continues from a `state_dict` (also one saved by a job of another size): the next
+        iteration starts at the first sample the saved job had not consumed."""
+        if "shardstream" in obj:
+            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len = (
+                self._native().parse_state(json.dumps(obj["shardstream"]))
+            )
+            self.shuffle_seed, self.shuffle = seed, shuffle
+            self._window, self._lanes, self.remainder = window, lanes, remainder
+        else:  # a Mosaic-style dict
+            self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))
+            self._lanes = int(obj.get("num_canonical_nodes") or self._lanes or 1)
+            epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
+            epoch_len = self._native().epoch_len(epoch=epoch, **self._order(placement()))
+        if consumed >= epoch_len:
+            epoch, consumed = epoch + 1, 0
+        self._epoch = epoch
+        self._resume_start = consumed
+        self._yielded = 0
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def _stream(self, batch_size: int, raw: bool):
+        p = placement()
+        return self._native().stream(
+            epoch=self._epoch,
+            nodes=p.nodes,
+            processes_per_node=p.processes_per_node,
+            workers=p.workers,
+            batch_size=batch_size,
+            node=p.node,
+            local_process=p.local_process,
+            worker=p.worker,
+            start=self._resume_start,
+            raw=raw,
+            **self._order(p),
+        ), p
+
+    def __iter__(self) -> Iterator[dict]:
+        """This process's (or DataLoader worker's) samples of the epoch, in order."""
+        batch = int(self.batch_size or 1)
+        stream, p = self._stream(batch, raw=False)
+        self._yielded = 0
+        try:
+            while True:
+                samples = stream.next_samples(batch)
+                if not samples:
+                    break
+                for sample in samples:
+                    self._yielded += 1
+                    yield sample
+        finally:
+            stream.close()
+        if p.workers == 1:  # the epoch is over for this object: the next iteration is the next epoch
+            self._epoch += 1
+            self._resume_start = 0
+            self._yielded = 0
+
+    def iter_batches(
+        self, batch_size: int, columns: Sequence[str] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Batches of columns without a Python object per sample: fixed-size numeric columns
+        (`int`, `uint8`..`float64`, `ndarray:DTYPE:SHAPE`) as numpy arrays of shape
+        `(n, *shape)`, every other column as a `VarColumn` (one buffer and offsets). Splits
+        the epoch over ranks and DataLoader workers like `__iter__` (use
+        `DataLoader(ds_batches, batch_size=None)`)."""
+        encodings = self.columns
+        stream, _ = self._stream(int(batch_size), raw=True)
+        try:
+            while True:
+                count, cols = stream.next_columns(int(batch_size), list(columns) if columns else None)
+                if count == 0:
+                    break
+                out: dict[str, Any] = {}
+                for name, (dtype, shape_or_offsets, data) in cols.items():
+                    if dtype is not None:
+                        out[name] = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(
+                            (count, *shape_or_offsets)
+                        )
+                    else:
+                        offsets = np.frombuffer(shape_or_offsets, dtype="<u8")
+                        out[name] = VarColumn(data, offsets, encodings[name])
+                yield out
+        finally:
+            stream.close()
+
+
+def open(url: str, **kwargs: Any) -> StreamingDataset:  # noqa: A001 - mirrors builtins.open on purpose
+    """Opens a dataset for random access (`len(ds)`, `ds[i]`, `ds.num_samples`) and plain
+    iteration in dataset order; keyword arguments as for `StreamingDataset`."""
+    return StreamingDataset(remote=url, **kwargs)

@@ -1,0 +1,278 @@
+//! MDS column bytes to the Python objects Mosaic's `StreamingDataset` yields.
+//!
+//! Decoding runs in two phases so that the GIL is held only to build Python objects:
+//! [`parse_sample`] splits and checks a sample's column bytes into [`Value`]s with the GIL
+//! released (bounds-checked by the formats crate), then [`Decoder::to_python`] turns them into
+//! the objects Mosaic's `mds/encodings.py` returns: `bytes`, `str`, a Python `int` for `int`,
+//! numpy scalars for `uint8`..`float64`, `int`/`float`/`Decimal` for the `str_*` encodings,
+//! `json.loads` of the text for `json`, `PIL.Image.frombytes` for `pil`,
+//! `PIL.Image.open(BytesIO(..))` for `jpeg`/`png`, lists of those, `np.frombuffer(..).reshape`
+//! for `ndarray`, `pickle.loads` for `pkl` (only with `allow_unsafe_types`).
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use shardstream_sharding::mds::Encoding;
+use shardstream_sharding::value::{DType, NdArray, PilImage, Scalar, Value};
+use shardstream_sharding::FormatError;
+
+/// A sample's columns, checked and parsed, ready to become Python objects.
+pub struct ParsedSample(Vec<Value>);
+
+/// Parses one sample's raw column bytes (in `encodings` order). `json` and `pkl` columns are
+/// kept as raw bytes: only Python's own `json.loads` / `pickle.loads` give Mosaic's objects.
+/// `path` and `sample` name the sample in errors.
+pub fn parse_sample(
+    encodings: &[Encoding],
+    names: &[String],
+    columns: &[&[u8]],
+    path: &str,
+    sample: u64,
+) -> Result<ParsedSample, FormatError> {
+    if columns.len() != encodings.len() {
+        return Err(FormatError::corrupt(
+            path,
+            format!(
+                "sample {sample}: {} columns, the index declares {}",
+                columns.len(),
+                encodings.len()
+            ),
+        ));
+    }
+    let mut values = Vec::with_capacity(columns.len());
+    for ((enc, name), data) in encodings.iter().zip(names).zip(columns) {
+        let value = match enc {
+            Encoding::Json | Encoding::Pickle | Encoding::Bytes => Value::Bytes(data.to_vec()),
+            _ => enc.decode(data).map_err(|e| match e {
+                FormatError::Decode {
+                    encoding, reason, ..
+                } => FormatError::Decode {
+                    path: path.to_string(),
+                    sample,
+                    column: name.clone(),
+                    encoding,
+                    reason,
+                },
+                other => other,
+            })?,
+        };
+        values.push(value);
+    }
+    Ok(ParsedSample(values))
+}
+
+/// Python callables the decoder uses, imported once per interpreter.
+struct Imports {
+    np_frombuffer: Py<PyAny>,
+    np_types: Vec<(DType, Py<PyAny>)>,
+    decimal: Py<PyAny>,
+    json_loads: Py<PyAny>,
+    pickle_loads: Py<PyAny>,
+    bytes_io: Py<PyAny>,
+    image_open: Option<Py<PyAny>>,
+    image_frombytes: Option<Py<PyAny>>,
+}
+
+static IMPORTS: PyOnceLock<Imports> = PyOnceLock::new();
+
+fn imports(py: Python<'_>) -> PyResult<&Imports> {
+    IMPORTS.get_or_try_init(py, || {
+        let np = py.import("numpy")?;
+        let mut np_types = Vec::new();
+        for d in DType::ALL {
+            if d != DType::Bool {
+                np_types.push((d, np.getattr(d.name())?.unbind()));
+            }
+        }
+        // PIL is needed only for image columns; a dataset without them works without Pillow.
+        let (image_open, image_frombytes) = match py.import("PIL.Image") {
+            Ok(image) => (
+                Some(image.getattr("open")?.unbind()),
+                Some(image.getattr("frombytes")?.unbind()),
+            ),
+            Err(_) => (None, None),
+        };
+        Ok(Imports {
+            np_frombuffer: np.getattr("frombuffer")?.unbind(),
+            np_types,
+            decimal: py.import("decimal")?.getattr("Decimal")?.unbind(),
+            json_loads: py.import("json")?.getattr("loads")?.unbind(),
+            pickle_loads: py.import("pickle")?.getattr("loads")?.unbind(),
+            bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
+            image_open,
+            image_frombytes,
+        })
+    })
+}
+
+/// Turns parsed samples into Python dicts for one dataset's columns.
+pub struct Decoder {
+    names: Vec<String>,
+    encodings: Vec<Encoding>,
+    py_names: Vec<Py<PyString>>,
+}
+
+impl Decoder {
+    /// A decoder for columns `names` with `encodings` (same order as the raw columns).
+    pub fn new(py: Python<'_>, names: Vec<String>, encodings: Vec<Encoding>) -> Self {
+        let py_names = names
+            .iter()
+            .map(|n| PyString::intern(py, n).unbind())
+            .collect();
+        Decoder {
+            names,
+            encodings,
+            py_names,
+        }
+    }
+
+    /// Column names, in raw column order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Column encodings, in raw column order.
+    pub fn encodings(&self) -> &[Encoding] {
+        &self.encodings
+    }
+
+    /// The sample as a dict `{column: object}`, built as Mosaic builds it.
+    pub fn to_python<'py>(
+        &self,
+        py: Python<'py>,
+        sample: ParsedSample,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let imports = imports(py)?;
+        let dict = PyDict::new(py);
+        for ((name, enc), value) in self.py_names.iter().zip(&self.encodings).zip(sample.0) {
+            dict.set_item(name.bind(py), value_to_python(py, imports, enc, value)?)?;
+        }
+        Ok(dict)
+    }
+}
+
+fn value_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    enc: &Encoding,
+    value: Value,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Bytes(b) => match enc {
+            Encoding::Json => {
+                let text = std::str::from_utf8(&b).map_err(|e| {
+                    pyo3::exceptions::PyUnicodeDecodeError::new_err(format!(
+                        "json column is not UTF-8: {e}"
+                    ))
+                })?;
+                imports.json_loads.bind(py).call1((text,))?
+            }
+            Encoding::Pickle => imports
+                .pickle_loads
+                .bind(py)
+                .call1((PyBytes::new(py, &b),))?,
+            _ => PyBytes::new(py, &b).into_any(),
+        },
+        Value::Str(s) => PyString::new(py, &s).into_any(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::Float(f) | Value::StrFloat(f) => f.into_pyobject(py)?.into_any(),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Scalar(s) => scalar_to_python(py, imports, &s)?,
+        Value::StrInt(text) => py
+            .get_type::<pyo3::types::PyInt>()
+            .call1((PyString::new(py, &text),))?,
+        Value::StrDecimal(text) => imports.decimal.bind(py).call1((text,))?,
+        Value::Json(j) => imports.json_loads.bind(py).call1((j.to_string(),))?,
+        Value::Pil(p) => pil_to_python(py, imports, p)?,
+        Value::Image(_, data) => image_to_python(py, imports, &data)?,
+        Value::List(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(value_to_python(py, imports, enc, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::NdArray(a) => ndarray_to_python(py, imports, a)?,
+        Value::Pickle(b) => imports
+            .pickle_loads
+            .bind(py)
+            .call1((PyBytes::new(py, &b),))?,
+    })
+}
+
+fn np_type<'py>(py: Python<'py>, imports: &Imports, dtype: DType) -> PyResult<Bound<'py, PyAny>> {
+    imports
+        .np_types
+        .iter()
+        .find(|(d, _)| *d == dtype)
+        .map(|(_, t)| t.bind(py).clone())
+        .ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(format!("no numpy type for {}", dtype.name()))
+        })
+}
+
+/// `np.frombuffer(data, dtype)[0]`, as Mosaic's `Scalar.decode`; integer and 32/64-bit float
+/// scalars are built from their value, which gives the same object faster.
+fn scalar_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    s: &Scalar,
+) -> PyResult<Bound<'py, PyAny>> {
+    let ty = np_type(py, imports, s.dtype)?;
+    let mut b8 = [0u8; 8];
+    let n = s.bytes.len().min(8);
+    b8[..n].copy_from_slice(&s.bytes[..n]);
+    match s.dtype {
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => ty.call1((u64::from_le_bytes(b8),)),
+        DType::I8 => ty.call1((i64::from(b8[0] as i8),)),
+        DType::I16 => ty.call1((i64::from(i16::from_le_bytes([b8[0], b8[1]])),)),
+        DType::I32 => ty.call1((i64::from(i32::from_le_bytes([b8[0], b8[1], b8[2], b8[3]])),)),
+        DType::I64 => ty.call1((i64::from_le_bytes(b8),)),
+        DType::F32 => ty.call1((f64::from(f32::from_le_bytes([b8[0], b8[1], b8[2], b8[3]])),)),
+        DType::F64 => ty.call1((f64::from_le_bytes(b8),)),
+        DType::F16 | DType::Bool => imports
+            .np_frombuffer
+            .bind(py)
+            .call1((PyBytes::new(py, &s.bytes), ty))?
+            .get_item(0),
+    }
+}
+
+fn require<'a, 'py>(py: Python<'py>, f: &'a Option<Py<PyAny>>) -> PyResult<&'a Bound<'py, PyAny>> {
+    f.as_ref().map(|f| f.bind(py)).ok_or_else(|| {
+        pyo3::exceptions::PyImportError::new_err(
+            "decoding an image column needs Pillow (pip install pillow)",
+        )
+    })
+}
+
+fn pil_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    p: PilImage,
+) -> PyResult<Bound<'py, PyAny>> {
+    let size = PyTuple::new(py, [p.width, p.height])?;
+    require(py, &imports.image_frombytes)?.call1((p.mode, size, PyBytes::new(py, &p.data)))
+}
+
+fn image_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    data: &[u8],
+) -> PyResult<Bound<'py, PyAny>> {
+    let buf = imports.bytes_io.bind(py).call1((PyBytes::new(py, data),))?;
+    require(py, &imports.image_open)?.call1((buf,))
+}
+
+fn ndarray_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    a: NdArray,
+) -> PyResult<Bound<'py, PyAny>> {
+    let flat = imports
+        .np_frombuffer
+        .bind(py)
+        .call1((PyBytes::new(py, &a.data), a.dtype.name()))?;
+    let shape = PyTuple::new(py, &a.shape)?;
+    flat.call_method1("reshape", (shape,))
+}
