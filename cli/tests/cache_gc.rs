@@ -2,6 +2,8 @@
 //! run's folder goes, a live run's (its `shardstream run` holds the lease) stays, whatever
 //! `--older-than` says; `--older-than`, `--dry-run` and foreign folders.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
+
 #[path = "run_support/mod.rs"]
 mod support;
 

@@ -3,6 +3,8 @@
 //! refusals (no run id, torchrun's "none", a folder of another run), two runs side by side,
 //! and a `--mount` that fails before the command starts.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
+
 #[path = "run_support/mod.rs"]
 mod support;
 

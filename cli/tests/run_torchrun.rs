@@ -6,6 +6,8 @@
 //!   `torchrun --nnodes 2 --node-rank $SHARDSTREAM_NODE_RANK`; the workers all-reduce across the
 //!   two, both pods exit 0 and each node wrote only into its own `<root>/<run>/<node>/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
+
 #[path = "run_support/mod.rs"]
 mod support;
 
