@@ -28,7 +28,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// Most samples the reader thread hands over at once.
 const MAX_CHUNK: usize = 64;
 /// Most bytes the reader thread gathers before handing a chunk over.
-const CHUNK_BYTES: usize = 4 << 20;
+const MAX_CHUNK_BYTES: u64 = 4 << 20;
+/// Share of `memory_limit` kept for the samples this binding holds between the streamer and
+/// Python (chunks in the channel, the one being filled, the one being handed out): 1/4. The
+/// streamer's own budget gets the rest, so that the two together stay within the limit.
+const BINDING_SHARE: u64 = 4;
 /// Chunks waiting in the channel.
 const CHANNEL_CHUNKS: usize = 2;
 
@@ -36,6 +40,8 @@ const CHANNEL_CHUNKS: usize = 2;
 #[pyclass(module = "shardstream._native", frozen)]
 pub struct NativeDataset {
     ds: Arc<StreamingDataset>,
+    /// Bytes of samples per chunk handed from the reader thread (at most 4 chunks are held).
+    chunk_bytes: usize,
     decoder: Arc<Decoder>,
 }
 
@@ -95,6 +101,10 @@ impl NativeDataset {
         validate_hash: bool,
         allow_unsafe_types: bool,
     ) -> PyResult<Self> {
+        let limit = memory_limit.unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
+        let binding_bytes = limit / BINDING_SHARE;
+        let chunk_bytes = (binding_bytes / 4).clamp(1, MAX_CHUNK_BYTES) as usize;
+        let memory_limit = Some(limit - binding_bytes);
         let config = StreamingConfig {
             remote,
             split,
@@ -120,6 +130,7 @@ impl NativeDataset {
         let decoder = Arc::new(Decoder::new(py, names, encodings));
         Ok(NativeDataset {
             ds: Arc::new(ds),
+            chunk_bytes,
             decoder,
         })
     }
@@ -306,6 +317,7 @@ impl NativeDataset {
         let stream = py.detach(|| ds.stream(plan)).map_err(from_streamer)?;
         let (tx, rx) = sync_channel::<Chunk>(CHANNEL_CHUNKS);
         let reader_decoder = Arc::clone(&decoder);
+        let chunk_bytes = self.chunk_bytes;
         std::thread::Builder::new()
             .name("shardstream-reader".into())
             .spawn(move || {
@@ -338,7 +350,7 @@ impl NativeDataset {
                             return;
                         }
                     }
-                    if failed || chunk.len() >= target || bytes >= CHUNK_BYTES {
+                    if failed || chunk.len() >= target || bytes >= chunk_bytes {
                         if tx.send(Ok(std::mem::take(&mut chunk))).is_err() {
                             return;
                         }
