@@ -1,0 +1,69 @@
+"""Ctrl-C interrupts an iteration blocked on the network: with the S3 server frozen (SIGSTOP),
+`next(iter(ds))` waits with the GIL released, and SIGINT raises KeyboardInterrupt in the Python
+thread within a second or two instead of hanging until the fetch gives up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import boto3
+
+from conftest import MotoServer, write_ids
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import shardstream
+    ds = shardstream.StreamingDataset(remote=sys.argv[1])
+    print("open", flush=True)
+    sys.stdin.readline()
+    try:
+        next(iter(ds))
+        print("got a sample", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        raise
+    """
+)
+
+
+def test_ctrl_c_interrupts_blocked_iteration(tmp_path, stream_env):
+    server = MotoServer()  # its own server: this test freezes it
+    try:
+        write_ids(tmp_path / "mds", 50)
+        bucket = server.create_bucket("frozen")
+        s3 = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+        for f in (tmp_path / "mds").iterdir():
+            s3.upload_file(str(f), "frozen", f"ds/{f.name}")
+        script = tmp_path / "blocked.py"
+        script.write_text(SCRIPT)
+        env = dict(os.environ, **server.env)
+        proc = subprocess.Popen([sys.executable, str(script), f"{bucket}/ds"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "open"
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            time.sleep(1.5)
+            assert proc.poll() is None, "the iteration did not block on the frozen server"
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=15)
+            took = time.monotonic() - sent
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert "interrupted" in out and "got a sample" not in out, (out, err[-2000:])
+        assert "KeyboardInterrupt" in err
+        assert proc.returncode != 0
+        print(f"interrupt took {took:.2f} s")
+        assert took < 5, f"KeyboardInterrupt took {took:.1f} s"
+    finally:
+        server.stop()
