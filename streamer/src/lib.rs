@@ -38,7 +38,12 @@
 //! ```
 
 pub mod cache;
+pub mod dataset;
 pub mod error;
 pub mod order;
 
+pub use dataset::{
+    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamedSample,
+    StreamingConfig, StreamingDataset,
+};
 pub use error::{Result, StreamerError};

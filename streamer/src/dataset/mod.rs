@@ -1,0 +1,416 @@
+//! The public face of the streamer: [`StreamingDataset`] opens a dataset (MDS `index.json`)
+//! anywhere the storage layer reaches, serves shards and samples through the node cache, and
+//! streams one rank's part of an epoch with prefetch under one memory budget.
+//!
+//! ```no_run
+//! use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset, StreamPlan};
+//! use shardstream_streamer::order::{OrderConfig, Rank, World};
+//! let ds = StreamingDataset::open(StreamingConfig {
+//!     remote: "s3://bucket/my-mds".into(),
+//!     run_id: Some("run1".into()),
+//!     memory_limit: Some(256 << 20),
+//!     ..StreamingConfig::default()
+//! })?;
+//! let plan = StreamPlan {
+//!     order: OrderConfig { shuffle: true, ..OrderConfig::default() },
+//!     epoch: 0,
+//!     world: World::new(1, 1, 1, 1)?,
+//!     rank: Rank { node: 0, local_process: 0, worker: 0 },
+//!     start: 0,
+//! };
+//! for item in ds.stream(plan)? {
+//!     let item = item?;
+//!     let _columns = item.sample.columns();
+//! }
+//! # Ok::<(), shardstream_streamer::StreamerError>(())
+//! ```
+//!
+//! Threads and processes: the dataset is `Send + Sync`; share it with `Arc`. Its tokio runtime
+//! and cache handle are made on first use in each process, so a dataset opened before `fork`
+//! works in the children (see `engine`). `docs/streaming.md` describes the engine and its knobs.
+
+mod budget;
+mod engine;
+mod metrics;
+mod shard;
+mod stream;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shardstream_launcher::resolve::{os_env, resolve_with, Overrides};
+use shardstream_sharding::hashing::HashAlgorithm;
+use shardstream_sharding::mds::{Columns, FileInfo, Index};
+use shardstream_storage::{Location, StorageError};
+use tracing::info;
+
+use crate::cache::{node_dir, CacheConfig, ExpectedHash, LocalSources, VerifyMode};
+use crate::error::{Result, StreamerError};
+use crate::order::DatasetShape;
+
+pub use metrics::MetricsSnapshot;
+pub use shard::{RawSample, ShardHandle};
+pub use stream::{SampleStream, StreamPlan, StreamedSample};
+
+use budget::Budget;
+use engine::{ProcSlot, ShardSource};
+use metrics::Metrics;
+
+/// Default memory budget when none is given.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 512 << 20;
+/// Largest ranged GET (and so the largest single buffer of a download).
+pub const MAX_CHUNK_BYTES: u64 = 8 << 20;
+
+/// How to open a dataset. Field names follow mosaicml-streaming's `StreamingDataset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamingConfig {
+    /// Dataset root: a local path, `file://`, `s3://`, `gs://` or `az://` URL holding an MDS
+    /// `index.json`.
+    pub remote: String,
+    /// Subfolder of `remote` (Mosaic's `split`).
+    pub split: Option<String>,
+    /// Explicit cache folder (Mosaic's `local`); else `<cache_root>/<run_id>/<node_rank>/`.
+    pub local: Option<PathBuf>,
+    /// Cache root; else `SHARDSTREAM_CACHE_ROOT`, else `<temp dir>/shardstream-cache`.
+    pub cache_root: Option<PathBuf>,
+    /// Run id; else resolved as DESIGN §4 says (`SHARDSTREAM_RUN_ID`, job names,
+    /// `TORCHELASTIC_RUN_ID`), else an error.
+    pub run_id: Option<String>,
+    /// Node rank; else resolved from the environment.
+    pub node_rank: Option<u64>,
+    /// Bytes of RAM for everything in flight and buffered (default [`DEFAULT_MEMORY_LIMIT`]).
+    pub memory_limit: Option<u64>,
+    /// Bytes of disk for the node's cache (default: no limit).
+    pub cache_limit: Option<u64>,
+    /// Copy `file://` and plain-path sources into the cache instead of reading them in place.
+    pub copy_local: bool,
+    /// Check the hashes the index records when a shard is fetched (and on reuse after a
+    /// restart); sizes are always checked.
+    pub validate_hash: bool,
+    /// Allow `pkl` columns.
+    pub allow_unsafe_types: bool,
+}
+
+/// Shared state of a dataset (behind the `Arc` every stream and task holds).
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub location: Location,
+    pub index_json: Vec<u8>,
+    pub columns: Vec<(String, String)>,
+    pub shape: DatasetShape,
+    pub shards: Vec<ShardSource>,
+    pub cache_dir: PathBuf,
+    pub cache_config: CacheConfig,
+    pub budget: Budget,
+    pub chunk_bytes: u64,
+    pub metrics: Metrics,
+    pub proc: ProcSlot,
+    pub max_shard_bytes: u64,
+    pub in_place: bool,
+}
+
+/// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
+#[derive(Debug, Clone)]
+pub struct StreamingDataset {
+    inner: Arc<Inner>,
+}
+
+impl StreamingDataset {
+    /// Opens a dataset: reads and checks `index.json` (no shard is downloaded), and works out
+    /// the cache folder. Blocking.
+    pub fn open(config: StreamingConfig) -> Result<Self> {
+        let location = Location::open(&config.remote)?;
+        Self::open_at(config, location)
+    }
+
+    /// [`StreamingDataset::open`] with a [`Location`] built by the caller (custom storage
+    /// options, a test server); `config.remote` is then only used in messages.
+    pub fn open_at(config: StreamingConfig, location: Location) -> Result<Self> {
+        let location = match &config.split {
+            Some(split) => location.join(split)?,
+            None => location,
+        };
+        let index_json = read_index(&location)?;
+        let index_name = location.url_of("index.json");
+        let index = Index::from_json(&index_name, &index_json)?;
+        let cache_dir = resolve_cache_dir(&config)?;
+        let memory_limit = config.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
+        // A quarter of the budget per chunk lets several chunks be in flight at once.
+        let chunk_bytes = (memory_limit / 4).clamp(1, MAX_CHUNK_BYTES);
+
+        let mut shards = Vec::with_capacity(index.shards.len());
+        let mut counts = Vec::with_capacity(index.shards.len());
+        let mut first_sample = 0u64;
+        let mut prev_columns: Option<Arc<Columns>> = None;
+        let mut max_shard_bytes = 0u64;
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        for info in &index.shards {
+            let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
+            let columns = match prev_columns {
+                Some(prev) if *prev == columns => prev,
+                _ => Arc::new(columns),
+            };
+            prev_columns = Some(Arc::clone(&columns));
+            let compression = info.compression()?;
+            let hash =
+                |file: &FileInfo| config.validate_hash.then(|| expected_hash(file)).flatten();
+            let raw_local = match location.local_path(&info.raw_data.basename)? {
+                Some(p) if p.is_file() => Some(p),
+                _ => None,
+            };
+            let (stored, algorithm) = match (&info.zip_data, compression) {
+                (Some(zip), Some(c)) if raw_local.is_none() => (zip, Some(c.algorithm())),
+                _ => (&info.raw_data, None),
+            };
+            let local_stored = location.local_path(&stored.basename)?;
+            let name: Arc<str> = match &local_stored {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(&stored.basename)),
+            };
+            let cached = info.raw_data.bytes
+                + if in_place {
+                    0
+                } else {
+                    algorithm.map_or(0, |_| stored.bytes)
+                };
+            max_shard_bytes = max_shard_bytes.max(cached);
+            shards.push(ShardSource {
+                name,
+                stored_rel: stored.basename.clone(),
+                stored_size: stored.bytes,
+                stored_hash: hash(stored),
+                algorithm,
+                raw_size: info.raw_data.bytes,
+                raw_hash: hash(&info.raw_data),
+                local_raw: raw_local.filter(|_| in_place),
+                local_stored: local_stored.filter(|_| in_place),
+                samples: info.samples,
+                first_sample,
+                columns,
+            });
+            counts.push(info.samples);
+            first_sample += info.samples;
+        }
+        let columns = match index.shards.first() {
+            Some(s) => s
+                .column_names
+                .iter()
+                .cloned()
+                .zip(s.column_encodings.iter().cloned())
+                .collect(),
+            None => Vec::new(),
+        };
+        let shape = DatasetShape::single(counts)?;
+        let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
+        cache_config.verify = if config.validate_hash {
+            VerifyMode::Hash
+        } else {
+            VerifyMode::Size
+        };
+        cache_config.local_sources = if config.copy_local {
+            LocalSources::Copy
+        } else {
+            LocalSources::InPlace
+        };
+        info!(
+            dataset = %location.url(), shards = shards.len(), samples = first_sample,
+            cache = %cache_dir.display(), memory_limit, "dataset opened"
+        );
+        Ok(StreamingDataset {
+            inner: Arc::new(Inner {
+                location,
+                index_json,
+                columns,
+                shape,
+                shards,
+                cache_dir,
+                cache_config,
+                budget: Budget::new(memory_limit),
+                chunk_bytes,
+                metrics: Metrics::default(),
+                proc: ProcSlot::default(),
+                max_shard_bytes,
+                in_place,
+            }),
+        })
+    }
+
+    /// Samples in the dataset.
+    pub fn num_samples(&self) -> u64 {
+        self.inner.shape.num_samples()
+    }
+
+    /// Shards in the dataset.
+    pub fn num_shards(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// The per-shard sample counts, as the sample order needs them.
+    pub fn shape(&self) -> &DatasetShape {
+        &self.inner.shape
+    }
+
+    /// `(name, encoding)` of each column, in index order.
+    pub fn columns(&self) -> &[(String, String)] {
+        &self.inner.columns
+    }
+
+    /// The raw `index.json` bytes as stored.
+    pub fn index_json(&self) -> &[u8] {
+        &self.inner.index_json
+    }
+
+    /// `(shard, index within shard)` of a global sample id.
+    pub fn shard_of(&self, sample: u64) -> Option<(usize, u64)> {
+        let shards = &self.inner.shards;
+        let i = shards
+            .partition_point(|s| s.first_sample <= sample)
+            .checked_sub(1)?;
+        let s = shards.get(i)?;
+        (sample < s.first_sample + s.samples).then(|| (i, sample - s.first_sample))
+    }
+
+    /// The node's cache folder for this dataset.
+    pub fn cache_dir(&self) -> &Path {
+        &self.inner.cache_dir
+    }
+
+    /// The shard's name in messages (its URL, or its path when local).
+    pub fn shard_name(&self, shard: usize) -> Option<&str> {
+        self.inner.shards.get(shard).map(|s| &*s.name)
+    }
+
+    /// Largest bytes one shard takes in the cache (decompressed, plus compressed while it is
+    /// being decompressed; 0 when read in place).
+    pub fn max_shard_cache_bytes(&self) -> u64 {
+        if self.inner.in_place {
+            0
+        } else {
+            self.inner.max_shard_bytes
+        }
+    }
+
+    /// Shard `shard`, fetched once per node through the cache and decompressed; pinned (never
+    /// evicted) while the handle lives. Blocking.
+    pub fn shard(&self, shard: usize) -> Result<ShardHandle> {
+        let ps = self.proc()?;
+        let fut = engine::open_shard(Arc::clone(&self.inner), Arc::clone(&ps), shard);
+        ps.block_on(fut)
+    }
+
+    /// Sample `index` (global id), fetching its shard if needed. Blocking.
+    pub fn sample(&self, index: u64) -> Result<RawSample> {
+        let (shard, i) = self.shard_of(index).ok_or(StreamerError::OutOfRange {
+            what: "sample",
+            index,
+            len: self.num_samples(),
+        })?;
+        self.shard(shard)?.sample(i)
+    }
+
+    /// A prefetching iterator over one rank's part of an epoch.
+    pub fn stream(&self, plan: StreamPlan) -> Result<SampleStream> {
+        SampleStream::new(Arc::clone(&self.inner), self.proc()?, plan)
+    }
+
+    /// The counters of this process.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.snapshot()
+    }
+
+    /// Bytes of shard files in the node's cache folder now (counts the folder).
+    pub fn cache_usage(&self) -> Result<u64> {
+        Ok(self.proc()?.cache.usage()?)
+    }
+
+    fn proc(&self) -> Result<Arc<engine::ProcState>> {
+        self.inner
+            .proc
+            .get(&self.inner.cache_dir, &self.inner.cache_config)
+    }
+}
+
+impl Inner {
+    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.metrics;
+        let cache = self
+            .proc
+            .peek()
+            .map(|ps| ps.cache.metrics().snapshot())
+            .unwrap_or_default();
+        MetricsSnapshot {
+            fetch_bytes: m.fetch_bytes.load(Relaxed),
+            fetch_requests: m.fetch_requests.load(Relaxed),
+            fetch_retries: m.fetch_retries.load(Relaxed),
+            shards_fetched: m.shards_fetched.load(Relaxed),
+            cache_hits: cache.hits,
+            cache_misses: cache.misses,
+            cache_evictions: cache.evictions,
+            cache_corrupt: cache.corrupt,
+            cache_bytes: cache.cache_bytes,
+            samples: m.samples.load(Relaxed),
+            sample_bytes: m.sample_bytes.load(Relaxed),
+            stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
+            memory_in_use: self.budget.in_use(),
+            memory_limit: self.budget.limit(),
+        }
+    }
+}
+
+fn read_index(location: &Location) -> Result<Vec<u8>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StreamerError::Engine(format!("cannot start a runtime: {e}")))?;
+    // A runtime of this thread only, dropped before returning: no thread outlives `open`, so a
+    // fork right after it is safe.
+    let location = location.clone();
+    rt.block_on(async move {
+        match location.get("index.json").await {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
+    if let Some(local) = &config.local {
+        return Ok(local.clone());
+    }
+    let root = match &config.cache_root {
+        Some(r) => r.clone(),
+        None => match std::env::var_os("SHARDSTREAM_CACHE_ROOT").filter(|v| !v.is_empty()) {
+            Some(r) => PathBuf::from(r),
+            None => std::env::temp_dir().join("shardstream-cache"),
+        },
+    };
+    let node_rank = match config.node_rank {
+        Some(r) => Some(u32::try_from(r).map_err(|_| StreamerError::InvalidConfig {
+            setting: "node_rank",
+            reason: format!("{r} is larger than 2^32 - 1"),
+        })?),
+        None => None,
+    };
+    let overrides = Overrides {
+        run_id: config.run_id.clone(),
+        node_rank,
+    };
+    let resolved = resolve_with(&overrides, &os_env).map_err(|e| StreamerError::InvalidConfig {
+        setting: "run_id / node_rank",
+        reason: e.to_string(),
+    })?;
+    Ok(node_dir(&root, &resolved.run_id, resolved.node_rank)?)
+}
+
+fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
+    file.hashes.iter().find_map(|(name, hex)| {
+        HashAlgorithm::parse(name)
+            .ok()
+            .map(|algorithm| ExpectedHash {
+                algorithm,
+                hex: hex.clone(),
+            })
+    })
+}

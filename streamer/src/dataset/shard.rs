@@ -1,0 +1,295 @@
+//! A decompressed shard on disk ([`ShardHandle`]) and one sample's bytes ([`RawSample`]).
+//!
+//! A shard is never loaded whole: the handle keeps the file open and its offset table (4 bytes
+//! per sample), and reads samples with positioned reads (`pread`), so a 1 GiB shard costs a
+//! file descriptor and its table, not 1 GiB of RAM. The handle holds the cache lease, which pins
+//! the file on the node while any clone of the handle lives.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shardstream_sharding::mds::Columns;
+use shardstream_sharding::Sample;
+
+use crate::cache::ShardLease;
+use crate::error::{Result, StreamerError};
+
+/// An open, pinned, decompressed shard. Cheap to clone; the file stays pinned (never evicted)
+/// until the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct ShardHandle {
+    inner: Arc<HandleInner>,
+}
+
+#[derive(Debug)]
+struct HandleInner {
+    shard: usize,
+    /// The shard's URL or source path, for error messages.
+    name: Arc<str>,
+    file: File,
+    len: u64,
+    /// `offsets[i]..offsets[i + 1]` is sample `i`; `offsets.len() == samples + 1`.
+    offsets: Vec<u32>,
+    columns: Arc<Columns>,
+    /// Global sample id of the shard's first sample.
+    first_sample: u64,
+    lease: ShardLease,
+}
+
+impl ShardHandle {
+    /// Opens the decompressed file behind `lease`, checking its header against the index: the
+    /// sample count, and offsets that rise from past the table to exactly the end of the file.
+    pub(crate) fn open(
+        shard: usize,
+        name: Arc<str>,
+        lease: ShardLease,
+        columns: Arc<Columns>,
+        samples: u64,
+        first_sample: u64,
+    ) -> Result<ShardHandle> {
+        let path = lease.path().to_path_buf();
+        let file = File::open(&path).map_err(|source| StreamerError::Io {
+            op: "open shard",
+            path: path.clone(),
+            source,
+        })?;
+        let len = file
+            .metadata()
+            .map_err(|source| StreamerError::Io {
+                op: "stat shard",
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        let corrupt = |reason: String| StreamerError::Corrupt {
+            what: name.to_string(),
+            reason,
+        };
+        let mut head = [0u8; 4];
+        read_exact_at(&file, &path, &mut head, 0)
+            .map_err(|_| corrupt(format!("{len} bytes, too short for a header")))?;
+        let n = u64::from(u32::from_le_bytes(head));
+        if n != samples {
+            return Err(corrupt(format!(
+                "header holds {n} samples, the index says {samples}"
+            )));
+        }
+        let table_end = 4 + 4 * (n + 1);
+        if table_end > len {
+            return Err(corrupt(format!(
+                "offset table of {n} samples needs {table_end} bytes, the file has {len}"
+            )));
+        }
+        let mut raw = vec![0u8; (4 * (n + 1)) as usize];
+        read_exact_at(&file, &path, &mut raw, 4)?;
+        let offsets: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut prev = table_end;
+        for (i, &off) in offsets.iter().enumerate() {
+            let off = u64::from(off);
+            if off < prev {
+                return Err(corrupt(format!(
+                    "offset {i} ({off}) is below the previous one or inside the offset table"
+                )));
+            }
+            prev = off;
+        }
+        if prev != len {
+            return Err(corrupt(format!(
+                "the last offset is {prev}, the file has {len} bytes"
+            )));
+        }
+        Ok(ShardHandle {
+            inner: Arc::new(HandleInner {
+                shard,
+                name,
+                file,
+                len,
+                offsets,
+                columns,
+                first_sample,
+                lease,
+            }),
+        })
+    }
+
+    /// The shard's number in the index.
+    pub fn shard(&self) -> usize {
+        self.inner.shard
+    }
+
+    /// The size of the decompressed shard in bytes.
+    pub fn len(&self) -> u64 {
+        self.inner.len
+    }
+
+    /// Whether the decompressed shard is empty (never, for a valid MDS shard).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// The decompressed file (in the cache, or the source itself when read in place).
+    pub fn path(&self) -> &Path {
+        self.inner.lease.path()
+    }
+
+    /// Samples in the shard.
+    pub fn num_samples(&self) -> u64 {
+        (self.inner.offsets.len() - 1) as u64
+    }
+
+    /// Reads decompressed bytes at `offset` (as `pread`): returns how many were read, 0 at the
+    /// end of the shard.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if offset >= self.inner.len {
+            return Ok(0);
+        }
+        let want = buf.len().min((self.inner.len - offset) as usize);
+        let path = self.inner.lease.path();
+        read_exact_at(&self.inner.file, path, &mut buf[..want], offset)?;
+        Ok(want)
+    }
+
+    /// The byte range of sample `i` in the file.
+    pub(crate) fn sample_range(&self, i: u64) -> Result<Range<u64>> {
+        let offsets = &self.inner.offsets;
+        let n = offsets.len() as u64 - 1;
+        if i >= n {
+            return Err(StreamerError::OutOfRange {
+                what: "sample",
+                index: i,
+                len: n,
+            });
+        }
+        let i = i as usize;
+        Ok(u64::from(offsets[i])..u64::from(offsets[i + 1]))
+    }
+
+    /// Reads sample `i` (its own buffer).
+    pub fn sample(&self, i: u64) -> Result<RawSample> {
+        let range = self.sample_range(i)?;
+        let mut buf = vec![0u8; (range.end - range.start) as usize];
+        read_exact_at(&self.inner.file, self.path(), &mut buf, range.start)?;
+        let len = buf.len();
+        self.raw_sample(i, Arc::from(buf), 0..len)
+    }
+
+    /// Reads samples `first..last` into one buffer (one `pread`), for sequential reading.
+    pub(crate) fn read_run(&self, first: u64, last: u64) -> Result<(u64, Arc<[u8]>)> {
+        let start = self.sample_range(first)?.start;
+        let end = self.sample_range(last - 1)?.end;
+        let mut buf = vec![0u8; (end - start) as usize];
+        read_exact_at(&self.inner.file, self.path(), &mut buf, start)?;
+        Ok((start, Arc::from(buf)))
+    }
+
+    /// A sample whose bytes are `buf[range]`: splits its columns (bounds-checked).
+    pub(crate) fn raw_sample(
+        &self,
+        i: u64,
+        buf: Arc<[u8]>,
+        range: Range<usize>,
+    ) -> Result<RawSample> {
+        let bytes = buf
+            .get(range.clone())
+            .ok_or_else(|| StreamerError::Corrupt {
+                what: self.inner.name.to_string(),
+                reason: format!("sample {i} lies outside its read"),
+            })?;
+        let parts = self
+            .inner
+            .columns
+            .split_sample(&self.inner.name, i, bytes)
+            .map_err(StreamerError::from)?;
+        let base = bytes.as_ptr() as usize;
+        let cols = parts
+            .iter()
+            .map(|p| {
+                let at = p.as_ptr() as usize - base + range.start;
+                at..at + p.len()
+            })
+            .collect();
+        Ok(RawSample {
+            buf,
+            range,
+            cols,
+            columns: Arc::clone(&self.inner.columns),
+            name: Arc::clone(&self.inner.name),
+            shard: self.inner.shard,
+            in_shard: i,
+            index: self.inner.first_sample + i,
+        })
+    }
+
+    /// Global sample id of the shard's first sample.
+    pub fn first_sample(&self) -> u64 {
+        self.inner.first_sample
+    }
+}
+
+fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
+    file.read_exact_at(buf, offset)
+        .map_err(|source| StreamerError::Io {
+            op: "read shard",
+            path: PathBuf::from(path),
+            source,
+        })
+}
+
+/// The bytes of one sample: a shared buffer and ranges into it. Cloning is cheap (an `Arc` and
+/// a few ranges); the bytes are never copied again after the read from the shard file.
+#[derive(Debug, Clone)]
+pub struct RawSample {
+    buf: Arc<[u8]>,
+    range: Range<usize>,
+    cols: Vec<Range<usize>>,
+    columns: Arc<Columns>,
+    name: Arc<str>,
+    shard: usize,
+    in_shard: u64,
+    index: u64,
+}
+
+impl RawSample {
+    /// The global sample id.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The shard it comes from.
+    pub fn shard(&self) -> usize {
+        self.shard
+    }
+
+    /// Its index inside its shard.
+    pub fn index_in_shard(&self) -> u64 {
+        self.in_shard
+    }
+
+    /// The raw bytes of each column, in the index's column order (zero copy).
+    pub fn columns(&self) -> Vec<&[u8]> {
+        self.cols.iter().map(|r| &self.buf[r.clone()]).collect()
+    }
+
+    /// The column names, in the same order as [`RawSample::columns`].
+    pub fn column_names(&self) -> &[String] {
+        self.columns.names()
+    }
+
+    /// The sample's encoded bytes as stored in the shard (column sizes and column bytes).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
+
+    /// Decodes every column (as mosaicml-streaming decodes them).
+    pub fn decode(&self) -> Result<Sample> {
+        Ok(self
+            .columns
+            .decode_sample(&self.name, self.in_shard, self.bytes())?)
+    }
+}

@@ -1,0 +1,406 @@
+//! One rank's part of an epoch as an iterator ([`SampleStream`]), with prefetch.
+//!
+//! The stream walks the rank's positions of the global order (`order::Partition`, the same
+//! arithmetic as `order::RankIter`, owned so that the stream is `'static`). Ahead of the
+//! consumer, it asks the order which shards the next samples come from
+//! (`EpochOrder::shards_needed`) and starts their fetches on the engine's runtime, as far ahead
+//! as the prefetch allowance of disk (`cache_limit / 2`) lets it; the memory budget then limits
+//! how many bytes those fetches hold at once. Shards the stream no longer needs are released
+//! (unpinned) so the cache may evict them.
+//!
+//! Samples are read from the decompressed file with `pread`: one sample at a time in shuffled
+//! order, or runs of up to [`RUN_BYTES`] of consecutive samples when the stream reads a shard
+//! in order. The read buffer holds its bytes of the budget until the next read replaces it; a
+//! sample handed to the consumer no longer counts (holding many of them is the caller's memory).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use super::budget::Lease;
+use super::engine::{self, ProcState};
+use super::metrics::Metrics;
+use super::shard::{RawSample, ShardHandle};
+use super::Inner;
+use crate::error::{Result, StreamerError};
+use crate::order::{EpochOrder, OrderConfig, Partition, Rank, World};
+
+/// Largest run of consecutive samples read at once.
+pub const RUN_BYTES: u64 = 1 << 20;
+/// Most shard fetches one stream runs at once.
+const MAX_FETCHES: usize = 4;
+
+/// What to stream: the order's settings, the epoch, the world and this rank, and where to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamPlan {
+    /// Seed, shuffle, window, lanes, remainder (fixed for a run).
+    pub order: OrderConfig,
+    /// The epoch.
+    pub epoch: u64,
+    /// Nodes x processes x workers, and the batch size.
+    pub world: World,
+    /// This node, process and DataLoader worker.
+    pub rank: Rank,
+    /// Global positions already consumed (a saved `StreamState::consumed`; 0 for a new epoch).
+    pub start: u64,
+}
+
+/// One sample of a stream.
+#[derive(Debug, Clone)]
+pub struct StreamedSample {
+    /// Its position in the epoch's global order (`>= epoch length` for a padding repeat).
+    pub position: u64,
+    /// Its global sample id.
+    pub index: u64,
+    /// Its bytes.
+    pub sample: RawSample,
+    /// Whether it is a padding repeat (see `order::Remainder::Pad`).
+    pub padding: bool,
+}
+
+enum Slot {
+    Pending(JoinHandle<Result<ShardHandle>>),
+    Ready(ShardHandle),
+}
+
+struct ReadBuf {
+    shard: u32,
+    first: u64,
+    last: u64,
+    base: u64,
+    buf: Arc<[u8]>,
+    _lease: Lease,
+}
+
+/// A rank's samples for (the rest of) an epoch, prefetched. `Iterator<Item =
+/// Result<StreamedSample>>`; stops after the first error.
+pub struct SampleStream {
+    ds: Arc<Inner>,
+    ps: Option<Arc<ProcState>>,
+    order: Arc<EpochOrder>,
+    partition: Partition,
+    rank: Rank,
+    residue: u64,
+    next: u64,
+    len: u64,
+    slots: BTreeMap<u32, Slot>,
+    slot_bytes: u64,
+    prefetch_bytes: u64,
+    /// Items to plan ahead; grows while the plan fits in `prefetch_bytes`.
+    lookahead: u64,
+    replan_at: u64,
+    read: Option<ReadBuf>,
+    last: Option<(u32, u64)>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for SampleStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampleStream")
+            .field("rank", &self.rank)
+            .field("next", &self.next)
+            .field("len", &self.len)
+            .field("shards_held", &self.slots.len())
+            .finish()
+    }
+}
+
+impl SampleStream {
+    pub(crate) fn new(ds: Arc<Inner>, ps: Arc<ProcState>, plan: StreamPlan) -> Result<Self> {
+        plan.order.validate()?;
+        let order = Arc::new(EpochOrder::new(&ds.shape, &plan.order, plan.epoch)?);
+        let residue = plan.world.residue(plan.rank)?;
+        let partition = order.partition(plan.world, plan.start);
+        let len = partition.worker_len(plan.rank.worker);
+        let limit = ds.cache_config.limit_bytes;
+        if !ds.in_place {
+            // What the order holds at once: a shuffle block of shards (one shard in order).
+            let window = if plan.order.shuffle {
+                u64::from(plan.order.window).min(ds.shards.len() as u64)
+            } else {
+                1
+            };
+            let need = ds.max_shard_bytes.saturating_mul(window.max(1));
+            if need > limit {
+                return Err(StreamerError::LimitTooSmall {
+                    need,
+                    limit,
+                    reason: format!(
+                        "{window} shard(s) of up to {} bytes in one shuffle block",
+                        ds.max_shard_bytes
+                    ),
+                });
+            }
+        }
+        let prefetch_bytes = (limit / 2).max(ds.max_shard_bytes);
+        Ok(SampleStream {
+            ds,
+            ps: Some(ps),
+            order,
+            partition,
+            rank: plan.rank,
+            residue,
+            next: 0,
+            len,
+            slots: BTreeMap::new(),
+            slot_bytes: 0,
+            prefetch_bytes,
+            lookahead: 64,
+            replan_at: 0,
+            read: None,
+            last: None,
+            failed: false,
+        })
+    }
+
+    /// Samples this stream has yielded (this worker's count; `partition().consumed_after` turns
+    /// a per-process count into the global `consumed` a checkpoint stores).
+    pub fn consumed(&self) -> u64 {
+        self.next
+    }
+
+    /// Samples this stream yields in all.
+    pub fn total(&self) -> u64 {
+        self.len
+    }
+
+    /// The split of the epoch it walks.
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    /// The epoch's global order.
+    pub fn order(&self) -> &EpochOrder {
+        &self.order
+    }
+
+    fn ps(&self) -> Result<&Arc<ProcState>> {
+        match &self.ps {
+            Some(ps) if ps.pid == std::process::id() => Ok(ps),
+            _ => Err(StreamerError::Engine(
+                "this stream was created in another process (before a fork); create a new \
+                 stream in each DataLoader worker"
+                    .into(),
+            )),
+        }
+    }
+
+    fn shard_bytes(&self, shard: u32) -> u64 {
+        self.ds
+            .shards
+            .get(shard as usize)
+            .map_or(0, |s| if self.ds.in_place { 0 } else { s.raw_size })
+    }
+
+    fn spawn_fetch(&mut self, shard: u32) -> Result<()> {
+        let ps = Arc::clone(self.ps()?);
+        let fut = engine::open_shard(Arc::clone(&self.ds), Arc::clone(&ps), shard as usize);
+        self.slots.insert(shard, Slot::Pending(ps.rt.spawn(fut)));
+        self.slot_bytes += self.shard_bytes(shard);
+        Ok(())
+    }
+
+    fn release(&mut self, shard: u32) {
+        if self.slots.remove(&shard).is_some() {
+            self.slot_bytes = self.slot_bytes.saturating_sub(self.shard_bytes(shard));
+        }
+    }
+
+    /// Plans the next `lookahead` items: releases shards no longer needed, starts fetches.
+    fn plan(&mut self, current: u32) -> Result<()> {
+        let end = self.next.saturating_add(self.lookahead).min(self.len);
+        let needs = self
+            .order
+            .shards_needed(&self.partition, self.rank, self.next..end)?;
+        let keep: std::collections::HashSet<u32> = needs.iter().map(|n| n.shard).collect();
+        let stale: Vec<u32> = self
+            .slots
+            .keys()
+            .copied()
+            .filter(|s| *s != current && !keep.contains(s))
+            .collect();
+        for s in stale {
+            self.release(s);
+        }
+        let mut planned = 0u64;
+        let mut fits = true;
+        for need in &needs {
+            let bytes = self.shard_bytes(need.shard);
+            planned += bytes;
+            if self.slots.contains_key(&need.shard) {
+                continue;
+            }
+            let pending = self
+                .slots
+                .values()
+                .filter(|s| matches!(s, Slot::Pending(_)))
+                .count();
+            if self.slot_bytes + bytes > self.prefetch_bytes || pending >= MAX_FETCHES {
+                fits = false;
+                break;
+            }
+            self.spawn_fetch(need.shard)?;
+        }
+        // Look further ahead next time while the plan is well inside the disk allowance.
+        if fits && planned < self.prefetch_bytes / 2 && end < self.len {
+            self.lookahead = self.lookahead.saturating_mul(2);
+        } else if !fits && self.lookahead > 1 {
+            self.lookahead /= 2;
+        }
+        self.replan_at = self.next + (self.lookahead / 4).max(1);
+        Ok(())
+    }
+
+    fn handle(&mut self, shard: u32) -> Result<ShardHandle> {
+        if !self.slots.contains_key(&shard) {
+            // Not prefetched (a tight cache): make room first, then fetch it now.
+            let stale: Vec<u32> = self.slots.keys().copied().filter(|s| *s != shard).collect();
+            if self.slot_bytes + self.shard_bytes(shard) > self.prefetch_bytes {
+                for s in stale {
+                    self.release(s);
+                }
+            }
+            self.spawn_fetch(shard)?;
+        }
+        match self.slots.remove(&shard) {
+            Some(Slot::Ready(h)) => {
+                self.slots.insert(shard, Slot::Ready(h.clone()));
+                Ok(h)
+            }
+            Some(Slot::Pending(task)) => {
+                let started = Instant::now();
+                let result = futures::executor::block_on(task)
+                    .map_err(|e| StreamerError::Engine(format!("fetch task failed: {e}")))?;
+                Metrics::add(
+                    &self.ds.metrics.stall_nanos,
+                    started.elapsed().as_nanos() as u64,
+                );
+                match result {
+                    Ok(h) => {
+                        self.slots.insert(shard, Slot::Ready(h.clone()));
+                        Ok(h)
+                    }
+                    Err(e) => {
+                        self.slot_bytes = self.slot_bytes.saturating_sub(self.shard_bytes(shard));
+                        Err(e)
+                    }
+                }
+            }
+            None => Err(StreamerError::Engine("shard slot vanished".into())),
+        }
+    }
+
+    fn read_sample(&mut self, shard: u32, i: u64) -> Result<RawSample> {
+        let buffered = self
+            .read
+            .as_ref()
+            .is_some_and(|r| r.shard == shard && (r.first..r.last).contains(&i));
+        if buffered {
+            let h = self.handle(shard)?;
+            if let Some(r) = &self.read {
+                let range = h.sample_range(i)?;
+                let lo = (range.start - r.base) as usize;
+                let hi = (range.end - r.base) as usize;
+                return h.raw_sample(i, Arc::clone(&r.buf), lo..hi);
+            }
+        }
+        // Give the read buffer's bytes back before waiting for a fetch that may need them.
+        self.read = None;
+        let h = self.handle(shard)?;
+        // Sequential reading (the previous sample was the one before): read a run.
+        let sequential = self.last == Some((shard, i.wrapping_sub(1)));
+        let first = h.sample_range(i)?;
+        let mut last = i + 1;
+        if sequential {
+            while last < h.num_samples() && h.sample_range(last)?.end - first.start <= RUN_BYTES {
+                last += 1;
+            }
+        }
+        let bytes = h.sample_range(last - 1)?.end - first.start;
+        let name = Arc::clone(&self.ds.shards[shard as usize].name);
+        let what = || format!("sample {i} of {name}");
+        let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
+        let (base, buf) = h.read_run(i, last)?;
+        let len = (first.end - first.start) as usize;
+        let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
+        self.read = Some(ReadBuf {
+            shard,
+            first: i,
+            last,
+            base,
+            buf,
+            _lease: lease,
+        });
+        Ok(sample)
+    }
+
+    fn step(&mut self) -> Result<Option<StreamedSample>> {
+        if self.next >= self.len {
+            self.slots.clear();
+            self.read = None;
+            return Ok(None);
+        }
+        let j = self.partition.process_index(self.rank.worker, self.next);
+        let position = self.partition.process_position(self.residue, j);
+        let padding = position >= self.order.global_len();
+        let source = if padding {
+            self.partition.padding_source(position)
+        } else {
+            position
+        };
+        let id = self
+            .order
+            .sample_at(source)
+            .ok_or_else(|| StreamerError::Engine(format!("position {source} has no sample")))?;
+        if self.next >= self.replan_at {
+            self.plan(id.shard)?;
+        }
+        let sample = self.read_sample(id.shard, id.index)?;
+        self.last = Some((id.shard, id.index));
+        self.next += 1;
+        Metrics::add(&self.ds.metrics.samples, 1);
+        Metrics::add(&self.ds.metrics.sample_bytes, sample.bytes().len() as u64);
+        Ok(Some(StreamedSample {
+            position,
+            index: id.sample,
+            sample,
+            padding,
+        }))
+    }
+}
+
+impl Iterator for SampleStream {
+    type Item = Result<StreamedSample>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(Some(s)) => Some(Ok(s)),
+            Ok(None) => None,
+            Err(e) => {
+                debug!(error = %e, "stream failed");
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl Drop for SampleStream {
+    fn drop(&mut self) {
+        let forked = self
+            .ps
+            .as_ref()
+            .is_some_and(|ps| ps.pid != std::process::id());
+        if forked {
+            // Inherited from the parent: leak, never drop (see `engine`).
+            std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(self.ps.take());
+        }
+    }
+}

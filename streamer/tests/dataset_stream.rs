@@ -1,0 +1,189 @@
+//! The dataset API end to end, one test body over every source: a local folder read in place,
+//! the same folder copied into the cache, compressed shards (zstd, gzip), and a real moto S3
+//! server with and without hash checks. Every configuration streams a full epoch over a world of
+//! 2 nodes x 2 processes x 2 workers, shuffled, and must give every sample exactly once with the
+//! bytes the writer wrote; then random access and the shard handle are checked.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // the shared body is a helper, not a #[test] fn
+
+mod common;
+
+use std::path::Path;
+
+use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
+use shardstream_storage::Location;
+use shardstream_streamer::order::{OrderConfig, World};
+use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
+
+fn config(cache_root: &Path) -> StreamingConfig {
+    StreamingConfig {
+        cache_root: Some(cache_root.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        memory_limit: Some(4 << 20),
+        ..StreamingConfig::default()
+    }
+}
+
+fn shuffled() -> OrderConfig {
+    OrderConfig {
+        seed: 11,
+        shuffle: true,
+        window: 3,
+        lanes: 2,
+        ..OrderConfig::default()
+    }
+}
+
+/// The one body: full epoch, random access, shard handle reads.
+fn check_dataset(ds: &StreamingDataset, spec: &Spec) {
+    assert_eq!(ds.num_samples(), spec.samples);
+    assert!(ds.num_shards() > 3, "the test needs several shards");
+    let names: Vec<&str> = ds.columns().iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["data", "id"]);
+    assert!(ds.index_json().starts_with(b"{"));
+
+    let world = World::new(2, 2, 2, 4).unwrap();
+    let positions = stream_world(ds, shuffled(), world, spec.sample_bytes);
+    assert!(positions >= spec.samples && positions < spec.samples + world.processes());
+
+    for id in [0, spec.samples / 2, spec.samples - 1] {
+        let raw = ds.sample(id).unwrap();
+        check_sample(id, &raw.decode().unwrap(), spec.sample_bytes);
+        let (shard, i) = ds.shard_of(id).unwrap();
+        assert_eq!(raw.shard(), shard);
+        let handle = ds.shard(shard).unwrap();
+        assert_eq!(handle.sample(i).unwrap().bytes(), raw.bytes());
+        // read_at sees the decompressed file: its header counts the shard's samples.
+        let mut head = [0u8; 4];
+        assert_eq!(handle.read_at(0, &mut head).unwrap(), 4);
+        assert_eq!(u64::from(u32::from_le_bytes(head)), handle.num_samples());
+        assert_eq!(
+            std::fs::metadata(handle.path()).unwrap().len(),
+            handle.len()
+        );
+    }
+    assert!(ds.shard_of(spec.samples).is_none());
+    assert!(matches!(
+        ds.sample(spec.samples),
+        Err(StreamerError::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn local_folder_read_in_place() {
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let spec = Spec::small(600);
+    write_dataset(data.path(), &spec);
+    let ds = StreamingDataset::open(StreamingConfig {
+        remote: data.path().display().to_string(),
+        ..config(cache.path())
+    })
+    .unwrap();
+    check_dataset(&ds, &spec);
+    // Read in place: the shard files are the dataset's own, nothing was copied.
+    let handle = ds.shard(0).unwrap();
+    assert!(
+        handle
+            .path()
+            .starts_with(data.path().canonicalize().unwrap())
+            || handle.path().starts_with(data.path())
+    );
+    assert_eq!(ds.metrics().fetch_bytes, 0);
+    assert_eq!(ds.cache_usage().unwrap(), 0);
+}
+
+#[test]
+fn local_folder_copied_and_compressed() {
+    for compression in [None, Some("zstd:3"), Some("gz")] {
+        let data = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            compression,
+            hashes: true,
+            ..Spec::small(500)
+        };
+        write_dataset(data.path(), &spec);
+        let ds = StreamingDataset::open(StreamingConfig {
+            remote: format!("file://{}", data.path().display()),
+            copy_local: true,
+            validate_hash: true,
+            ..config(cache.path())
+        })
+        .unwrap();
+        check_dataset(&ds, &spec);
+        let handle = ds.shard(1).unwrap();
+        assert!(
+            handle
+                .path()
+                .starts_with(ds.cache_dir().canonicalize().unwrap()),
+            "{compression:?}: {} is not in the cache",
+            handle.path().display()
+        );
+        assert!(ds.cache_usage().unwrap() > 0);
+    }
+}
+
+#[test]
+fn s3_moto_raw_and_compressed_with_hashes() {
+    let rt = runtime();
+    for (compression, hashes) in [(None, false), (Some("zstd"), true)] {
+        let data = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            compression,
+            hashes,
+            ..Spec::small(700)
+        };
+        write_dataset(data.path(), &spec);
+        let server = moto_with(data.path(), &rt);
+        let location: Location = s3_location(&server.endpoint(), "ds");
+        let ds = StreamingDataset::open_at(
+            StreamingConfig {
+                remote: "s3://bucket/ds".into(),
+                validate_hash: hashes,
+                ..config(cache.path())
+            },
+            location,
+        )
+        .unwrap();
+        check_dataset(&ds, &spec);
+        let m = ds.metrics();
+        let stored: u64 = std::fs::read_dir(data.path())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name() != "index.json")
+            .map(|e| e.metadata().unwrap().len())
+            .sum();
+        // Each shard once: the bytes fetched are exactly the dataset's stored bytes.
+        assert_eq!(m.fetch_bytes, stored, "{compression:?}");
+        assert_eq!(m.shards_fetched as usize, ds.num_shards());
+        assert!(m.cache_hits > 0);
+    }
+}
+
+#[test]
+fn missing_dataset_and_bad_index_are_named() {
+    let cache = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let err = StreamingDataset::open(StreamingConfig {
+        remote: data.path().join("nope").display().to_string(),
+        ..config(cache.path())
+    })
+    .unwrap_err();
+    assert!(matches!(err, StreamerError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains("nope"), "{err}");
+
+    std::fs::write(
+        data.path().join("index.json"),
+        b"{\"version\": 2, \"shards\": 7}",
+    )
+    .unwrap();
+    let err = StreamingDataset::open(StreamingConfig {
+        remote: data.path().display().to_string(),
+        ..config(cache.path())
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("index.json"), "{err}");
+}
