@@ -19,7 +19,7 @@ pub enum SourceErrorKind {
 }
 
 /// An error from a [`DatasetSource`](crate::DatasetSource), with the shard it concerns.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{kind:?} error on shard {shard}: {message}")]
 pub struct SourceError {
     /// What kind of failure this is; decides the errno.

@@ -51,6 +51,9 @@ pub struct FsConfig {
     pub max_readahead_shards: usize,
     /// Shards kept open (pinned in the cache) after their last reader, for the next one.
     pub keep_open_shards: usize,
+    /// Longest a read waits for its shard; past it the read fails with EIO while the fetch goes
+    /// on in the background (a later read finds it). `None`: as long as the streamer retries.
+    pub fetch_timeout: Option<Duration>,
 }
 
 impl Default for FsConfig {
@@ -63,6 +66,7 @@ impl Default for FsConfig {
             by_path: true,
             max_readahead_shards: 8,
             keep_open_shards: 4,
+            fetch_timeout: None,
         }
     }
 }
@@ -170,7 +174,15 @@ pub struct DatasetFs {
     next_fh: AtomicU64,
     recent: Mutex<VecDeque<(usize, Arc<dyn ShardData>)>>,
     readahead: Readahead,
+    pending: Mutex<HashMap<usize, Arc<Pending>>>,
     mtime: SystemTime,
+}
+
+/// One fetch in flight, shared by every read that needs its shard.
+#[derive(Default)]
+struct Pending {
+    result: Mutex<Option<std::result::Result<Arc<dyn ShardData>, crate::error::SourceError>>>,
+    done: std::sync::Condvar,
 }
 
 impl std::fmt::Debug for DatasetFs {
@@ -293,6 +305,7 @@ impl DatasetFs {
             next_fh: AtomicU64::new(1),
             recent: Mutex::new(VecDeque::new()),
             readahead,
+            pending: Mutex::new(HashMap::new()),
             mtime: SystemTime::now(),
         })
     }
@@ -408,7 +421,7 @@ impl DatasetFs {
         }
         let ahead = self.readahead.touch(shard);
         self.readahead.spawn_fetch(Arc::clone(&self.source), ahead);
-        let data = self.source.open_shard(shard)?;
+        let data = self.fetch(shard)?;
         let expected = self.index.shards[shard].raw_data.bytes;
         if data.len() != expected {
             return Err(FsError::Corrupt {
@@ -422,6 +435,94 @@ impl DatasetFs {
             recent.truncate(self.config.keep_open_shards);
         }
         Ok(data)
+    }
+
+    /// Opens `shard` through the source, once for all concurrent readers, waiting at most
+    /// `fetch_timeout`.
+    fn fetch(&self, shard: usize) -> Result<Arc<dyn ShardData>> {
+        let (pending, leader) = {
+            let mut map = lock(&self.pending);
+            let failed = |p: &Pending| matches!(lock(&p.result).as_ref(), Some(Err(_)));
+            match map.get(&shard) {
+                // A finished failure is not reused: this read tries again.
+                Some(p) if !failed(p) => (Arc::clone(p), false),
+                _ => {
+                    let p = Arc::new(Pending::default());
+                    map.insert(shard, Arc::clone(&p));
+                    (p, true)
+                }
+            }
+        };
+        if leader {
+            let run = {
+                let source = Arc::clone(&self.source);
+                let pending = Arc::clone(&pending);
+                move || {
+                    let result = source.open_shard(shard);
+                    *lock(&pending.result) = Some(result);
+                    pending.done.notify_all();
+                }
+            };
+            match self.config.fetch_timeout {
+                // Without a deadline the reader's own thread fetches.
+                None => run(),
+                Some(_) => {
+                    if let Err(e) = std::thread::Builder::new()
+                        .name("shardstream-fetch".into())
+                        .spawn(run)
+                    {
+                        lock(&self.pending).remove(&shard);
+                        return Err(crate::error::SourceError::new(
+                            crate::error::SourceErrorKind::Io,
+                            shard,
+                            format!("cannot start a fetch thread: {e}"),
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        let deadline = self
+            .config
+            .fetch_timeout
+            .map(|t| std::time::Instant::now() + t);
+        let mut result = lock(&pending.result);
+        loop {
+            if let Some(r) = result.as_ref() {
+                let r = r.clone();
+                drop(result);
+                let mut map = lock(&self.pending);
+                if map.get(&shard).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
+                    map.remove(&shard);
+                }
+                return r.map_err(FsError::from);
+            }
+            result = match deadline {
+                None => pending
+                    .done
+                    .wait(result)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return Err(crate::error::SourceError::new(
+                            crate::error::SourceErrorKind::Unavailable,
+                            shard,
+                            format!(
+                                "not fetched within {:?}; the fetch goes on in the background",
+                                self.config.fetch_timeout.unwrap_or_default()
+                            ),
+                        )
+                        .into());
+                    }
+                    pending
+                        .done
+                        .wait_timeout(result, d - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+        }
     }
 
     fn layout(&self, shard: usize) -> Result<Arc<ShardLayout>> {

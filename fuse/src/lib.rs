@@ -34,9 +34,11 @@ pub mod mount;
 pub mod names;
 pub mod readahead;
 pub mod source;
+pub mod streaming;
 pub mod tree;
 
 pub use error::{FsError, SourceError, SourceErrorKind};
 pub use fs::{DatasetFs, FsConfig};
 pub use mount::{mount, Mount, MountError, MountOptions};
 pub use source::{DatasetSource, MemoryShard, ShardData};
+pub use streaming::StreamingSource;

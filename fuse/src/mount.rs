@@ -154,12 +154,16 @@ impl Mount {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        self.unmounter
-            .unmount()
-            .map_err(|source| MountError::Unmount {
+        if let Err(source) = self.unmounter.unmount() {
+            // Busy (a reader still has a file open): detach it now; the kernel ends the session
+            // when the last file closes, or when this process exits.
+            tracing::warn!(mountpoint = %self.path.display(), error = %source, "unmount failed; unmounting lazily");
+            lazy_unmount(&self.path).map_err(|_| MountError::Unmount {
                 path: self.path.clone(),
                 source,
             })?;
+            return Ok(());
+        }
         let _ = thread.join();
         tracing::info!(mountpoint = %self.path.display(), "unmounted");
         match self.ended.try_recv() {
@@ -178,4 +182,33 @@ impl Drop for Mount {
             tracing::warn!(error = %e, "unmount on drop failed");
         }
     }
+}
+
+/// `fusermount3 -u -z PATH` (then `fusermount -u -z`, `umount -l`): detaches a mount even when
+/// it is busy or its server is gone.
+pub fn lazy_unmount(path: &Path) -> std::io::Result<()> {
+    let attempts: [(&str, &[&str]); 3] = [
+        ("fusermount3", &["-u", "-z"]),
+        ("fusermount", &["-u", "-z"]),
+        ("umount", &["-l"]),
+    ];
+    let mut last = std::io::Error::other("no unmount tool found");
+    for (program, args) in attempts {
+        match std::process::Command::new(program)
+            .args(args)
+            .arg(path)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => {
+                last = std::io::Error::other(format!(
+                    "{program} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }

@@ -1,0 +1,82 @@
+//! [`DatasetSource`] over the streamer: shards come through the node cache
+//! (`<cache-root>/<run-id>/<node-rank>/`), fetched once per node, decompressed, and pinned while
+//! a reader holds them.
+
+use std::sync::Arc;
+
+use shardstream_streamer::dataset::{ShardHandle, StreamingDataset};
+use shardstream_streamer::StreamerError;
+
+use crate::error::{SourceError, SourceErrorKind};
+use crate::source::{DatasetSource, ShardData};
+
+/// A [`StreamingDataset`] as the filesystem's source.
+#[derive(Debug, Clone)]
+pub struct StreamingSource {
+    dataset: StreamingDataset,
+    cache_limit: Option<u64>,
+}
+
+impl StreamingSource {
+    /// Wraps `dataset`; `cache_limit` is its disk budget (read-ahead stays within half of it).
+    pub fn new(dataset: StreamingDataset, cache_limit: Option<u64>) -> Self {
+        StreamingSource {
+            dataset,
+            cache_limit,
+        }
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &StreamingDataset {
+        &self.dataset
+    }
+}
+
+/// The kind of a streamer error, for its errno.
+pub fn kind_of(e: &StreamerError) -> SourceErrorKind {
+    match e {
+        StreamerError::Storage(_) | StreamerError::NotFound { .. } => SourceErrorKind::Unavailable,
+        StreamerError::Corrupt { .. }
+        | StreamerError::HashMismatch { .. }
+        | StreamerError::Format(_) => SourceErrorKind::Corrupt,
+        StreamerError::BudgetExceeded { .. } | StreamerError::LimitTooSmall { .. } => {
+            SourceErrorKind::NoSpace
+        }
+        StreamerError::Cache(_) | StreamerError::Io { .. } | StreamerError::Engine(_) => {
+            SourceErrorKind::Io
+        }
+        // Configuration and range errors, and variants added later: the request is invalid.
+        _ => SourceErrorKind::Invalid,
+    }
+}
+
+struct Handle(ShardHandle);
+
+impl ShardData for Handle {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, SourceError> {
+        self.0
+            .read_at(offset, buf)
+            .map_err(|e| SourceError::new(kind_of(&e), self.0.shard(), e))
+    }
+}
+
+impl DatasetSource for StreamingSource {
+    fn index_json(&self) -> &[u8] {
+        self.dataset.index_json()
+    }
+
+    fn open_shard(&self, shard: usize) -> Result<Arc<dyn ShardData>, SourceError> {
+        match self.dataset.shard(shard) {
+            Ok(h) => Ok(Arc::new(Handle(h))),
+            Err(e) => Err(SourceError::new(kind_of(&e), shard, e)),
+        }
+    }
+
+    fn readahead_budget(&self) -> Option<u64> {
+        self.cache_limit
+    }
+}
