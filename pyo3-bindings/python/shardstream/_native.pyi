@@ -1,0 +1,102 @@
+"""Type stubs of the native module `shardstream._native` (the dataset, writer and exception
+parts; the checkpoint classes are described in checkpoint.pyi's module and typed `Any` here)."""
+
+import os
+from typing import Any, Mapping, Sequence
+
+__version__: str
+
+class ShardstreamError(Exception): ...
+class CorruptDataError(ShardstreamError): ...
+class HashMismatchError(CorruptDataError): ...
+class NotFoundError(ShardstreamError): ...
+class BudgetExceededError(ShardstreamError): ...
+class StorageError(ShardstreamError): ...
+class CheckpointError(ShardstreamError): ...
+
+class NativeDataset:
+    def __init__(
+        self,
+        remote: str,
+        *,
+        split: str | None = ...,
+        local: str | os.PathLike[str] | None = ...,
+        cache_root: str | os.PathLike[str] | None = ...,
+        run_id: str | None = ...,
+        node_rank: int | None = ...,
+        memory_limit: int | None = ...,
+        cache_limit: int | None = ...,
+        copy_local: bool = ...,
+        validate_hash: bool = ...,
+        allow_unsafe_types: bool = ...,
+    ) -> None: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def num_shards(self) -> int: ...
+    @property
+    def columns(self) -> list[tuple[str, str]]: ...
+    @property
+    def cache_dir(self) -> os.PathLike[str]: ...
+    def shard_sizes(self) -> list[int]: ...
+    def get(self, index: int) -> dict[str, Any]: ...
+    def epoch_len(
+        self, seed: int, shuffle: bool, window: int, lanes: int, remainder: str, epoch: int
+    ) -> int: ...
+    def state_json(
+        self,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        lanes: int,
+        remainder: str,
+        epoch: int,
+        consumed: int,
+    ) -> str: ...
+    def parse_state(self, text: str) -> tuple[int, bool, int, int, str, int, int, int]: ...
+    def metrics(self) -> dict[str, int | float]: ...
+    def stream(
+        self,
+        *,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        lanes: int,
+        remainder: str,
+        epoch: int,
+        nodes: int,
+        processes_per_node: int,
+        workers: int,
+        batch_size: int,
+        node: int,
+        local_process: int,
+        worker: int,
+        start: int,
+        raw: bool = ...,
+    ) -> NativeStream: ...
+
+class NativeStream:
+    def next_samples(self, n: int) -> list[dict[str, Any]]: ...
+    def next_columns(
+        self, n: int, columns: Sequence[str] | None = ...
+    ) -> tuple[int, dict[str, tuple[str | None, Any, bytes]]]: ...
+    def close(self) -> None: ...
+
+class NativeShardWriter:
+    def __init__(
+        self,
+        out: str,
+        columns: Sequence[tuple[str, str]],
+        compression: str | None = ...,
+        hashes: Sequence[str] | None = ...,
+        size_limit: int | None = ...,
+        allow_unsafe_types: bool = ...,
+    ) -> None: ...
+    def write(self, sample: Mapping[str, Any]) -> None: ...
+    @property
+    def samples_written(self) -> int: ...
+    def finish(self) -> int: ...
+
+CheckpointStore: Any
+RankFileWriter: Any
+CheckpointFiles: Any
