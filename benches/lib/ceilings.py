@@ -1,0 +1,75 @@
+"""The ceilings of this machine, measured the same way as the systems (median of runs, bounded):
+page-cache read of the shard files, raw parallel GET from the same S3 server, zstd decompression."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import subprocess
+import time
+
+import datasets
+from measure import run_child
+from results import Row, aggregate
+
+THREADS = 8
+
+
+def _timed_runs(fn, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def run_all(ctx, log) -> list[Row]:
+    rows = []
+    s3 = ctx.server.client()
+    for p in ctx.profiles:
+        mds = ctx.dirs[p.name]["mds"]
+        files = datasets.files_of(mds)
+        stored = sum(f.stat().st_size for f in files)
+
+        def as_runs(times, nbytes, amp=None):
+            return [{"samples": p.samples, "bytes": nbytes, "epoch_s": t, "check": "ok", "amp": amp} for t in times]
+
+        # Page cache: the files were just written and read; `cat` them to /dev/null (one warm-up).
+        cmd = ["cat", *map(str, files)]
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, timeout=ctx.timeout)
+        times = []
+        for _ in range(ctx.runs):
+            res = run_child(["sh", "-c", 'exec cat "$@" > /dev/null', "cat", *map(str, files)], ctx.timeout)
+            times.append(res.wall_s)
+        rows.append(aggregate("ceiling", "page-cache read (cat)", p.name, "warm · MDS shard files", "ceiling",
+                              as_runs(times, stored), temperature="warm"))
+
+        # Raw parallel GET of the same objects from the same server (boto3, 8 threads).
+        keys = [f"mds/{p.name}/{f.relative_to(mds).as_posix()}" for f in files]
+
+        def get_all():
+            with cf.ThreadPoolExecutor(THREADS) as ex:
+                list(ex.map(lambda k: s3.get_object(Bucket="bench", Key=k)["Body"].read(), keys))
+
+        get_all()
+        times = _timed_runs(get_all, ctx.runs)
+        rows.append(aggregate("ceiling", f"raw parallel GET (boto3, {THREADS} threads)", p.name,
+                              "cold · MDS shard objects", "ceiling", as_runs(times, stored, stored / p.data_bytes),
+                              temperature="cold"))
+
+        # zstd: decompression of the same shard bytes (compressed once at level 3), one thread.
+        blob = ctx.work / "scratch" / f"zstd-{p.name}.zst"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with open(blob, "wb") as out:
+            subprocess.run(["zstd", "-q", "-3", "-c", *map(str, files)], stdout=out, check=True, timeout=ctx.timeout)
+        times = []
+        for _ in range(ctx.runs):
+            res = run_child(["sh", "-c", 'exec zstd -q -d -c "$1" > /dev/null', "zstd", str(blob)], ctx.timeout)
+            times.append(res.wall_s)
+        ratio = stored / blob.stat().st_size
+        rows.append(aggregate("ceiling", "zstd -d (1 thread)", p.name, "warm · shard bytes, level 3", "ceiling",
+                              as_runs(times, stored), temperature="warm",
+                              notes=f"compression ratio {ratio:.2f}; MB/s of decompressed output"))
+        blob.unlink()
+        log(f"ceilings: {p.name} done")
+    return rows

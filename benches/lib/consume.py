@@ -1,0 +1,190 @@
+"""Child process of the streaming benchmark: iterates epochs of one system's dataset and prints one
+JSON line per epoch (run as `python consume.py SPEC_JSON`).
+
+Every epoch is checked: each sample id seen exactly once, and each sample's bytes start with its id
+and have the profile's length. A run that is fast and wrong reports its failure in `check`.
+
+Timing starts just before the dataset object is built (imports excluded: they are the same for a
+training script whatever loader it uses) and ends after the last sample reached this process.
+Time to first sample is from the same start to the first sample in this process.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+T_START = time.time()
+SPEC = json.loads(sys.argv[1])
+SYSTEM = ""  # set per job: one child may run several systems (--smoke does, to import torch once)
+
+
+# --- turning each system's sample into (id, data), in the worker that produced it -----------------
+
+def _extract_dict(s):
+    return int(s["id"]), bytes(s["data"])
+
+
+def _extract_wds(s):
+    return int(s["__key__"]), s["bin"]
+
+
+EXTRACT = _extract_dict
+
+
+def use_system(system: str) -> None:
+    """Selects the system of the next epochs (DataLoader workers forked after this inherit it)."""
+    global SYSTEM, EXTRACT
+    SYSTEM = system
+    EXTRACT = _extract_wds if system == "webdataset" else _extract_dict
+
+
+def collate(batch):
+    """Used by every DataLoader: the ids and the sample bytes cross the worker boundary, as a
+    training step's inputs would."""
+    pairs = [EXTRACT(s) for s in batch]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+# --- building each system's iterable ----------------------------------------------------------------
+
+def build(job: dict, local: str, shuffle: bool, workers: int):
+    bs = SPEC["batch_size"]
+    if SYSTEM == "mosaicml-streaming":
+        from streaming import StreamingDataset
+
+        ds = StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
+    elif SYSTEM == "shardstream (python)":
+        import shardstream
+
+        ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
+    elif SYSTEM == "litdata":
+        from litdata import StreamingDataLoader, StreamingDataset
+        from litdata.streaming import downloader
+
+        # litdata's obstore prefetch path passes fixed client options and so cannot reach a plain
+        # http:// endpoint; the loopback server needs allow_http (https in production needs nothing).
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+        ds = StreamingDataset(
+            input_dir=job["remote"], cache_dir=local, shuffle=shuffle, seed=1,
+            storage_options={"endpoint_url": SPEC["endpoint"]},
+        )
+        if workers:
+            return StreamingDataLoader(ds, batch_size=bs, num_workers=workers, collate_fn=collate), True
+        return ds, False
+    elif SYSTEM == "webdataset":
+        import webdataset as wds
+
+        urls = job["urls"] if job["temperature"] == "cold" else job["local_files"]
+        ds = wds.WebDataset(
+            urls, shardshuffle=(len(urls) if shuffle else False), seed=1,
+            workersplitter=wds.split_by_worker, empty_check=False,
+        )
+        if shuffle:
+            ds = ds.shuffle(1000)
+    else:
+        raise SystemExit(f"unknown system {SYSTEM}")
+    if workers:
+        from torch.utils.data import DataLoader
+
+        return DataLoader(ds, batch_size=bs, num_workers=workers, collate_fn=collate), True
+    return ds, False
+
+
+def counters() -> dict:
+    try:
+        with urllib.request.urlopen(SPEC["endpoint"] + "/_bench/counters", timeout=5) as r:
+            return json.loads(r.read())
+    except Exception:
+        return {}
+
+
+def epoch(job: dict, local: str, shuffle: bool, workers: int) -> dict:
+    n, size = job["samples"], job["sample_bytes"]
+    seen = bytearray(n)
+    dup = bad = out_of_range = count = nbytes = 0
+    c0 = counters()
+    t0 = time.time()
+    it, batched = build(job, local, shuffle, workers)
+    t_first = None
+
+    def check(i, data):
+        nonlocal dup, bad, out_of_range, count, nbytes
+        count += 1
+        nbytes += len(data)
+        if not 0 <= i < n:
+            out_of_range += 1
+            return
+        if seen[i]:
+            dup += 1
+        seen[i] = 1
+        if len(data) != size or data[:8] != i.to_bytes(8, "little")[: min(8, size)]:
+            bad += 1
+
+    if batched:
+        for ids, datas in it:
+            if t_first is None:
+                t_first = time.time()
+            for i, d in zip(ids, datas):
+                check(i, d)
+    else:
+        for s in it:
+            if t_first is None:
+                t_first = time.time()
+            i, d = EXTRACT(s)
+            check(i, d)
+    t_end = time.time()
+    c1 = counters()
+    missing = n - sum(seen)
+    problems = [f"{v} {k}" for k, v in (("missing", missing), ("duplicated", dup), ("with wrong bytes", bad),
+                                         ("out of range", out_of_range)) if v]
+    del it
+    gc.collect()
+    return {
+        "since_process_start_s": round(t0 - T_START, 2), "t0": t0, "t_first": t_first, "t_end": t_end, "samples": count, "bytes": nbytes,
+        "epoch_s": t_end - t0, "ttfs_s": (t_first - t0) if t_first else None,
+        "check": "ok" if not problems else "; ".join(problems),
+        "server_bytes": (c1.get("bytes_sent", 0) - c0.get("bytes_sent", 0)) if c0 and c1 else None,
+        "server_gets": (c1.get("get_requests", 0) - c0.get("get_requests", 0)) if c0 and c1 else None,
+    }
+
+
+def main() -> None:
+    first_of: dict = {}
+    for j, job in enumerate(SPEC["jobs"]):
+        use_system(job["system"])
+        first_of.setdefault(SYSTEM, j)
+        scratch = os.path.join(SPEC["scratch"], str(j))
+        os.makedirs(scratch, exist_ok=True)
+        # One untimed epoch first: it pays the lazy imports (boto3, numpy paths, torch's DataLoader)
+        # that a training process pays once, and, for warm runs, fills the cache that each warm run
+        # then gets a hard-linked copy of.
+        warm_src = os.path.join(scratch, "prewarm")
+        if first_of[SYSTEM] == j or (job["temperature"] == "warm" and SYSTEM != "webdataset"):
+            r = epoch(job, warm_src, False, 0)
+            print(json.dumps({"job": j, "prewarm": True, **r}), flush=True)
+        if job["temperature"] == "cold" or SYSTEM == "webdataset":
+            shutil.rmtree(warm_src, ignore_errors=True)
+            warm_src = None
+        k = 0
+        for rep in range(SPEC["runs"]):
+            for cfg in job["configs"]:
+                local = os.path.join(scratch, f"run{k}")
+                shutil.rmtree(local, ignore_errors=True)
+                if warm_src is not None:
+                    subprocess.run(["cp", "-al", warm_src, local], check=True)
+                r = epoch(job, local, cfg["shuffle"], cfg["workers"])
+                print(json.dumps({"job": j, "rep": rep, **cfg, **r}), flush=True)
+                shutil.rmtree(local, ignore_errors=True)
+                k += 1
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""A local S3 server for the benchmarks: moto's own WSGI app, served on 127.0.0.1, with a thin
+middleware that counts the requests and the response bytes it serves.
+
+Why moto and not s3s-fs: moto is already in the test venv (tests/requirements.txt), so the one
+command needs no extra Rust binary install; its Python server is slower than s3s-fs, so every
+client hits the same ceiling, and the report shows that ceiling (raw parallel GET/PUT with boto3)
+next to each figure. The counters give the download amplification of every system the same way
+(bytes the server sent / bytes of the dataset), without trusting each client's own accounting.
+
+Run as a script: `python s3server.py PORT`. `GET /_bench/counters` returns the counters as JSON;
+`POST /_bench/reset` zeroes them. Every other request goes to moto untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+
+class CountingMiddleware:
+    """WSGI middleware: counts requests by method and the bytes of every response body."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.counters = {"requests": 0, "get_requests": 0, "put_requests": 0, "bytes_sent": 0, "bytes_received": 0}
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/_bench/counters":
+            with self.lock:
+                body = json.dumps(self.counters).encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if path == "/_bench/reset":
+            self.reset()
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b""]
+        method = environ.get("REQUEST_METHOD", "")
+        received = int(environ.get("CONTENT_LENGTH") or 0)
+        with self.lock:
+            self.counters["requests"] += 1
+            self.counters["bytes_received"] += received
+            if method == "GET":
+                self.counters["get_requests"] += 1
+            elif method == "PUT":
+                self.counters["put_requests"] += 1
+        return self._count(self.app(environ, start_response))
+
+    def _count(self, body):
+        try:
+            for chunk in body:
+                with self.lock:
+                    self.counters["bytes_sent"] += len(chunk)
+                yield chunk
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+
+def _serve(port: int) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    os.environ.setdefault("MOTO_PORT", str(port))
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple("127.0.0.1", port, CountingMiddleware(app), threaded=True, request_handler=MotoRequestHandler)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """The counting moto server as a child process on a free 127.0.0.1 port (a context manager)."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).resolve()), str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.counters()
+                break
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto server did not start on {self.endpoint}")
+                time.sleep(0.1)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every client reads: boto3, Mosaic (S3_ENDPOINT_URL), object_store, rclone."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "S3_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+            config=Config(max_pool_connections=32, retries={"max_attempts": 3}),
+        )
+
+    def counters(self) -> dict:
+        with urllib.request.urlopen(self.endpoint + "/_bench/counters", timeout=5) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        urllib.request.urlopen(urllib.request.Request(self.endpoint + "/_bench/reset", method="POST"), timeout=5).read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "S3Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

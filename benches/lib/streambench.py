@@ -1,0 +1,266 @@
+"""Streaming runners: each system reads every profile's dataset, cold from the S3 server and warm
+from its own local cache, in one process and through a DataLoader with 2 workers, shuffled and not.
+
+A runner says why it cannot run (`unavailable()` returns the reason) instead of being left out.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+from measure import run_child
+from results import Row, Skip, aggregate
+
+LIB = Path(__file__).resolve().parent
+
+CONFIGS = [
+    {"workers": 0, "shuffle": False},
+    {"workers": 0, "shuffle": True},
+    {"workers": 2, "shuffle": False},
+    {"workers": 2, "shuffle": True},
+]
+
+
+# Configurations by temperature. --smoke runs every code path once (workers on and off, shuffle on
+# and off, cold and warm) in a quarter of the epochs.
+FULL_CONFIGS = {"cold": CONFIGS, "warm": CONFIGS}
+SMOKE_CONFIGS = {"cold": [CONFIGS[3]], "warm": [CONFIGS[0]]}
+
+
+def config_name(temperature: str, workers: int, shuffle: bool) -> str:
+    mode = "1 process" if not workers else f"DataLoader {workers} workers"
+    return f"{temperature} · {mode} · {'shuffled' if shuffle else 'in order'}"
+
+
+@dataclass
+class Ctx:
+    work: Path
+    python: str
+    server: object  # s3server.S3Server
+    profiles: list
+    dirs: dict  # profile name -> {fmt: local dir}
+    runs: int
+    timeout: float
+    batch_size: int
+    shardstream_bin: Path | None
+    shardstream_bin_note: str
+    smoke: bool
+    configs: dict  # temperature -> [config]
+
+
+class PythonLoader:
+    """mosaicml-streaming, litdata, webdataset or the shardstream Python binding, through
+    consume.py: one child process per (profile, cold|warm) running every config `runs` times."""
+
+    FORMATS = {"mosaicml-streaming": "mds", "litdata": "litdata", "webdataset": "wds", "shardstream (python)": "mds"}
+
+    def __init__(self, system: str, kind: str) -> None:
+        self.system, self.kind, self.fmt = system, kind, self.FORMATS[system]
+
+    def unavailable(self, ctx: Ctx) -> str | None:
+        module = {"mosaicml-streaming": "streaming", "litdata": "litdata", "webdataset": "webdataset",
+                  "shardstream (python)": "shardstream"}[self.system]
+        probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+        # A package that is there but cannot stream yet (the binding's native part landing later)
+        # fails its first, untimed epoch and is skipped with that error as the reason.
+        r = subprocess.run([ctx.python, "-c", probe], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            if self.system == "shardstream (python)":
+                return ("the `shardstream` Python package is not installed; build it with "
+                        "`cd pyo3-bindings && maturin develop --release`")
+            return f"`{module}` is not installed in {ctx.python}"
+        return None
+
+class ShardstreamCli:
+    """`shardstream stream DATASET --json`: the engine alone, without Python."""
+
+    system, kind = "shardstream stream (CLI)", "shardstream"
+
+    def unavailable(self, ctx: Ctx) -> str | None:
+        if ctx.shardstream_bin is None:
+            return "no shardstream binary (cargo build --release -p shardstream-cli)"
+        p = ctx.profiles[0]
+        r = self._once(ctx, p, ctx.work / "scratch" / "cli-probe", {"workers": 0, "shuffle": False})
+        shutil.rmtree(ctx.work / "scratch" / "cli-probe", ignore_errors=True)
+        if r.get("error"):
+            return f"`shardstream stream` failed on the first profile: {r['error']}"
+        return None
+
+    def _once(self, ctx: Ctx, profile, cache_root: Path, cfg: dict) -> dict:
+        cmd = [str(ctx.shardstream_bin), "--no-progress", "stream", f"s3://bench/mds/{profile.name}", "--cache-root",
+               str(cache_root), "--run-id", "bench", "--json"]
+        if cfg["shuffle"]:
+            cmd += ["--shuffle", "--seed", "1"]
+        if cfg["workers"]:
+            cmd += ["--num-workers", str(cfg["workers"])]
+        c0 = ctx.server.counters()
+        res = run_child(cmd, ctx.timeout, env=ctx.server.env)
+        c1 = ctx.server.counters()
+        if res.timed_out:
+            return {"error": f"timed out after {ctx.timeout:.0f} s", "check": f"timed out after {ctx.timeout:.0f} s"}
+        if res.rc != 0 or not res.lines:
+            msg = (res.stderr_tail.strip().splitlines() or [f"exit {res.rc}, no JSON"])[-1][:300]
+            return {"error": msg, "check": msg}
+        out = res.lines[-1]
+        n = _first(out, "samples", "num_samples", "samples_total")
+        ttfs = _first(out, "time_to_first_sample_s", "ttfs_s", "first_sample_s", "time_to_first_sample")
+        epoch = res.t_end - res.t_start
+        if n is None:
+            check = "no sample count in the JSON output"
+        elif n != profile.samples:
+            check = f"{n} samples, expected {profile.samples}"
+        else:
+            check = "ok"
+            for key in ("missing", "duplicates", "duplicated"):
+                if out.get(key):
+                    check = f"{out[key]} {key}"
+        sent = c1.get("bytes_sent", 0) - c0.get("bytes_sent", 0)
+        return {
+            "samples": n, "bytes": (n or 0) * profile.sample_bytes, "epoch_s": epoch, "ttfs_s": ttfs, "check": check,
+            "peak_mem": res.sampler.peak(res.t_start, res.t_end), "amp": sent / profile.data_bytes,
+            "mem_series": [(round(t - res.t_start, 3), v) for t, v in res.sampler.series],
+        }
+
+    def run(self, ctx: Ctx, profile) -> list[Row]:
+        rows = []
+        base = ctx.work / "scratch" / f"cli-{profile.name}"
+        for temperature in ("cold", "warm"):
+            results: dict = {}
+            warm_root = base / "warm"
+            if temperature == "warm":
+                shutil.rmtree(warm_root, ignore_errors=True)
+                self._once(ctx, profile, warm_root, {"workers": 0, "shuffle": False})
+            for rep in range(ctx.runs):
+                for cfg in ctx.configs[temperature]:
+                    root = warm_root if temperature == "warm" else base / f"cold-{rep}-{cfg['workers']}-{cfg['shuffle']}"
+                    r = self._once(ctx, profile, root, cfg)
+                    if temperature == "cold":
+                        shutil.rmtree(root, ignore_errors=True)
+                    results.setdefault((cfg["workers"], cfg["shuffle"]), []).append(r)
+            for cfg in ctx.configs[temperature]:
+                name = config_name(temperature, **cfg).replace(f"DataLoader {cfg['workers']} workers", f"--num-workers {cfg['workers']}")
+                rows.append(aggregate("streaming", self.system, profile.name, name, self.kind,
+                                      results[(cfg["workers"], cfg["shuffle"])], temperature=temperature,
+                                      notes=ctx.shardstream_bin_note))
+        shutil.rmtree(base, ignore_errors=True)
+        return rows
+
+
+def _first(d: dict, *keys):
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return None
+
+
+def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[list[Row], dict]:
+    """One child process runs `loaders` over every profile, cold then warm (--smoke passes all of
+    them to one child, to import torch once; a full run one loader per child, so that memory
+    figures are the loader's own). Returns the rows and, per system that could not run at all
+    (its very first, untimed epoch failed), the reason."""
+    jobs = []
+    s3 = ctx.server.client()
+    for loader in loaders:
+        for profile in profiles:
+            local_files = [str(f) for f in datasets.files_of(ctx.dirs[profile.name]["wds"])]
+            urls = []
+            if loader.system == "webdataset":
+                for f in local_files:
+                    url = s3.generate_presigned_url(
+                        "get_object", Params={"Bucket": "bench", "Key": f"wds/{profile.name}/{Path(f).name}"}, ExpiresIn=7200)
+                    # WebDataset's documented way to read from an object store: a pipe from a downloader.
+                    urls.append(f"pipe:curl -s -f -L '{url}'")
+            for temperature in ("cold", "warm"):
+                jobs.append({"system": loader.system, "profile": profile.name, "samples": profile.samples,
+                             "sample_bytes": profile.sample_bytes, "remote": f"s3://bench/{loader.fmt}/{profile.name}",
+                             "temperature": temperature, "urls": urls, "local_files": local_files,
+                             "configs": ctx.configs[temperature]})
+    scratch = ctx.work / "scratch" / "consume"
+    shutil.rmtree(scratch, ignore_errors=True)
+    spec = {"endpoint": ctx.server.endpoint, "batch_size": ctx.batch_size, "runs": ctx.runs, "scratch": str(scratch),
+            "jobs": jobs}
+    env = dict(ctx.server.env)
+    env["SHARDSTREAM_RUN_ID"] = "bench"
+    bound = ctx.timeout * len(jobs)
+    res = run_child([ctx.python, str(LIB / "consume.py"), json.dumps(spec)], bound, env=env)
+    shutil.rmtree(scratch, ignore_errors=True)
+    failure = None
+    if res.timed_out:
+        failure = f"timed out after {bound:.0f} s ({ctx.timeout:.0f} s per profile and temperature)"
+    elif res.rc != 0:
+        failure = "exit %s: %s" % (res.rc, (res.stderr_tail.strip().splitlines() or ["?"])[-1][:300])
+    profile_by_name = {p.name: p for p in profiles}
+    by_key: dict = {}
+    started = {jobs[line["job"]]["system"] for line in res.lines}
+    for line in res.lines:
+        if line.get("prewarm"):
+            continue
+        job = jobs[line["job"]]
+        profile = profile_by_name[job["profile"]]
+        line["peak_mem"] = res.sampler.peak(line["t0"], line["t_end"])
+        sb = line.get("server_bytes")
+        line["amp"] = sb / profile.data_bytes if sb is not None else None
+        line["mem_series"] = [(round(t - line["t0"], 3), v) for t, v in res.sampler.window(line["t0"], line["t_end"])]
+        by_key.setdefault((line["job"], line["workers"], line["shuffle"]), []).append(line)
+    rows, failed = [], {}
+    kinds = {lo.system: lo.kind for lo in loaders}
+    for j, job in enumerate(jobs):
+        if job["system"] not in started:
+            failed[job["system"]] = failure or "no output"
+            continue
+        for cfg in job["configs"]:
+            runs = by_key.get((j, cfg["workers"], cfg["shuffle"]), [])
+            row = aggregate("streaming", job["system"], job["profile"], config_name(job["temperature"], **cfg),
+                            kinds[job["system"]], runs, temperature=job["temperature"])
+            if failure and len(runs) < ctx.runs:
+                row.check = (row.check + "; " if runs else "") + failure
+            rows.append(row)
+    return rows, failed
+
+
+def run_all(ctx: Ctx, log) -> tuple[list[Row], list[Skip]]:
+    runners = [
+        ShardstreamCli(),
+        PythonLoader("shardstream (python)", "shardstream"),
+        PythonLoader("mosaicml-streaming", "peer"),
+        PythonLoader("litdata", "peer"),
+        PythonLoader("webdataset", "peer"),
+    ]
+    rows, skips, python = [], [], []
+    for r in runners:
+        reason = r.unavailable(ctx)
+        if reason:
+            log(f"streaming: skip {r.system}: {reason}")
+            skips.append(Skip("streaming", r.system, reason))
+            continue
+        if isinstance(r, PythonLoader):
+            python.append(r)
+            continue
+        t = time.monotonic()
+        got = [row for p in ctx.profiles for row in r.run(ctx, p)]
+        rows.extend(got)
+        _log_rows(log, r.system, got, t)
+    groups = [python] if ctx.smoke else [[lo] for lo in python]
+    for group in groups:
+        t = time.monotonic()
+        got, failed = run_python(group, ctx, ctx.profiles)
+        for system, reason in failed.items():
+            reason = f"its first (untimed) epoch failed: {reason}"
+            log(f"streaming: skip {system}: {reason}")
+            skips.append(Skip("streaming", system, reason))
+        rows.extend(got)
+        _log_rows(log, " + ".join(lo.system for lo in group), got, t)
+    return rows, skips
+
+
+def _log_rows(log, name: str, got: list, t: float) -> None:
+    bad = [x for x in got if x.check != "ok"]
+    log(f"streaming: {name}: {len(got)} rows in {time.monotonic() - t:.0f} s"
+        + (f", {len(bad)} not ok: {bad[0].check}" if bad else ""))
