@@ -3,6 +3,9 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod child;
+pub mod outage;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,84 @@
+//! A TCP forwarder on a fixed loopback port that can be switched off (listener closed, open
+//! connections cut) and on again on the same port: an S3 server that goes down and comes back,
+//! without losing moto's in-memory objects.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+pub struct SwitchProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl SwitchProxy {
+    pub async fn start(upstream: SocketAddr) -> SwitchProxy {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve(listener, upstream));
+        SwitchProxy {
+            addr,
+            upstream,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Closes the port and cuts every open connection.
+    pub fn stop(&self) {
+        if let Some(task) = self.task.lock().unwrap().take() {
+            task.abort();
+        }
+    }
+
+    /// Listens on the same port again.
+    pub async fn restart(&self) {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    eprintln!("rebinding {}: {e}", self.addr);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot rebind {}: {e}", self.addr),
+            }
+        };
+        *self.task.lock().unwrap() = Some(tokio::spawn(serve(listener, self.upstream)));
+    }
+}
+
+impl Drop for SwitchProxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(listener: TcpListener, upstream: SocketAddr) {
+    // Dropping the set (when this task is aborted) aborts every connection.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((mut client, _)) = accepted {
+                    connections.spawn(async move {
+                        if let Ok(mut server) = TcpStream::connect(upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Faults and limits against a real moto S3 server: the server goes down for 10 s mid-epoch and
+//! comes back; a shard is damaged on the server; the disk limit is sampled during a run that
+//! must evict; a limit smaller than the order needs fails at start.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::outage::SwitchProxy;
+use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
+
+fn config(cache: &Path, cache_limit: Option<u64>) -> StreamingConfig {
+    StreamingConfig {
+        remote: "s3://bucket/ds".into(),
+        cache_root: Some(cache.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        memory_limit: Some(1 << 20),
+        cache_limit,
+        ..StreamingConfig::default()
+    }
+}
+
+fn plan(shuffle: bool, window: u32) -> StreamPlan {
+    StreamPlan {
+        order: OrderConfig {
+            seed: 5,
+            shuffle,
+            window,
+            lanes: 1,
+            ..OrderConfig::default()
+        },
+        epoch: 0,
+        world: World::new(1, 1, 1, 1).unwrap(),
+        rank: Rank {
+            node: 0,
+            local_process: 0,
+            worker: 0,
+        },
+        start: 0,
+    }
+}
+
+/// Bytes of shard files in the cache folder now (complete and in progress).
+fn disk_usage(dir: &Path) -> u64 {
+    ["data", "tmp"]
+        .iter()
+        .filter_map(|sub| std::fs::read_dir(dir.join(sub)).ok())
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+#[test]
+fn server_down_for_ten_seconds_mid_epoch_then_back() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let spec = Spec::small(1200);
+    write_dataset(data.path(), &spec);
+    let server = moto_with(data.path(), &rt);
+    let proxy = rt.block_on(SwitchProxy::start(server.addr()));
+    let shard_bytes = 64 * 1024 + 4096;
+    // Room for a few shards only, so the second half of the epoch must be fetched later.
+    let ds = StreamingDataset::open_at(
+        config(cache.path(), Some(4 * shard_bytes)),
+        s3_location(&proxy.endpoint(), "ds"),
+    )
+    .unwrap();
+    assert!(ds.num_shards() >= 12, "{} shards", ds.num_shards());
+
+    let consumed = Arc::new(AtomicU64::new(0));
+    let down = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (ds, consumed, down) = (ds.clone(), Arc::clone(&consumed), Arc::clone(&down));
+        std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            let mut during_outage = 0u64;
+            for item in ds.stream(plan(false, 1)).unwrap() {
+                let item = item.unwrap();
+                check_sample(
+                    item.index,
+                    &item.sample.decode().unwrap(),
+                    spec.sample_bytes,
+                );
+                assert!(seen.insert(item.index), "sample {} twice", item.index);
+                if down.load(Ordering::SeqCst) {
+                    during_outage += 1;
+                }
+                let n = consumed.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 300 {
+                    // Let the main thread cut the server while we are a quarter through.
+                    while !down.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+            (seen, during_outage)
+        })
+    };
+    while consumed.load(Ordering::SeqCst) < 300 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    proxy.stop();
+    down.store(true, Ordering::SeqCst);
+    let cut = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let stalled_at = consumed.load(Ordering::SeqCst);
+    rt.block_on(proxy.restart());
+    down.store(false, Ordering::SeqCst);
+    let (seen, during_outage) = consumer.join().unwrap();
+    assert!(cut.elapsed() >= Duration::from_secs(10));
+    // The epoch completed: every sample exactly once, with the right bytes.
+    assert_eq!(seen.len() as u64, ds.num_samples());
+    // The outage was real: the consumer ran dry before the server came back.
+    assert!(
+        stalled_at < ds.num_samples(),
+        "consumer finished during the outage"
+    );
+    assert!(during_outage < ds.num_samples() - 300);
+    let m = ds.metrics();
+    assert!(m.fetch_retries > 0, "no retry recorded: {m:?}");
+    assert!(m.stall_seconds > 1.0, "no stall recorded: {m:?}");
+}
+
+#[test]
+fn shard_damaged_on_the_server_is_an_error_naming_it() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        hashes: true,
+        ..Spec::small(300)
+    };
+    write_dataset(data.path(), &spec);
+    let server = moto_with(data.path(), &rt);
+    // Flip one byte in the middle of shard 2 on the server (same size: only the hash tells).
+    let location = s3_location(&server.endpoint(), "ds");
+    let name = "shard.00002.mds";
+    let mut bytes = std::fs::read(data.path().join(name)).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    rt.block_on(location.put(name, bytes.into())).unwrap();
+
+    let ds = StreamingDataset::open_at(
+        StreamingConfig {
+            validate_hash: true,
+            ..config(cache.path(), None)
+        },
+        location,
+    )
+    .unwrap();
+    assert!(ds.shard(1).is_ok());
+    let err = ds.shard(2).unwrap_err();
+    assert!(matches!(err, StreamerError::HashMismatch { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("s3://bucket/ds/shard.00002.mds"), "{text}");
+    assert!(text.contains("xxh64"), "{text}");
+    // It was fetched again before giving up, and nothing damaged stayed in the cache.
+    assert!(ds.metrics().fetch_retries >= 2, "{:?}", ds.metrics());
+    assert!(std::fs::read_dir(ds.cache_dir().join("tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+
+    // The stream reports the same error when it reaches the shard.
+    let err = ds
+        .stream(plan(false, 1))
+        .unwrap()
+        .find_map(|r| r.err())
+        .unwrap();
+    assert!(err.to_string().contains("shard.00002.mds"), "{err}");
+}
+
+#[test]
+fn cache_never_exceeds_its_limit_while_streaming() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let spec = Spec::small(1500);
+    write_dataset(data.path(), &spec);
+    let server = moto_with(data.path(), &rt);
+    let location = s3_location(&server.endpoint(), "ds");
+    let max_shard = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .max()
+        .unwrap();
+    let limit = 5 * max_shard;
+    let ds = StreamingDataset::open_at(config(cache.path(), Some(limit)), location).unwrap();
+    let dir = ds.cache_dir().to_path_buf();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let (mut peak, mut samples) = (0u64, 0u64);
+            while !done.load(Ordering::SeqCst) {
+                peak = peak.max(disk_usage(&dir));
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (peak, samples)
+        })
+    };
+    let mut n = 0u64;
+    for epoch in 0..2 {
+        let plan = StreamPlan {
+            epoch,
+            ..plan(true, 2)
+        };
+        for item in ds.stream(plan).unwrap() {
+            let item = item.unwrap();
+            check_sample(
+                item.index,
+                &item.sample.decode().unwrap(),
+                spec.sample_bytes,
+            );
+            n += 1;
+        }
+    }
+    done.store(true, Ordering::SeqCst);
+    let (peak, samples) = sampler.join().unwrap();
+    assert_eq!(n, 2 * spec.samples);
+    assert!(samples > 50, "only {samples} samples of the folder's usage");
+    assert!(peak > 0);
+    assert!(peak <= limit, "cache reached {peak} bytes, limit {limit}");
+    let m = ds.metrics();
+    assert!(m.cache_evictions > 0, "the run never had to evict: {m:?}");
+}
+
+#[test]
+fn cache_limit_smaller_than_the_order_needs_fails_at_start() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &Spec::small(400));
+    let server = moto_with(data.path(), &rt);
+    let location = s3_location(&server.endpoint(), "ds");
+    // Three shards fit; a shuffle window of four does not.
+    let ds =
+        StreamingDataset::open_at(config(cache.path(), Some(3 * 70 * 1024)), location).unwrap();
+    let started = Instant::now();
+    let err = ds.stream(plan(true, 4)).unwrap_err();
+    assert!(
+        matches!(err, StreamerError::LimitTooSmall { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("cache_limit"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        ds.metrics().fetch_bytes,
+        0,
+        "nothing is fetched before the check"
+    );
+    // A window that fits streams the epoch.
+    assert_eq!(
+        ds.stream(plan(true, 2)).unwrap().count() as u64,
+        ds.num_samples()
+    );
+}
