@@ -29,8 +29,10 @@ use shardstream_checkpoint::{
 
 use crate::errors;
 
-/// Ranged GETs in flight for one `read_ranges` call.
-const READ_CONCURRENCY: usize = 32;
+/// Spans fetched at once by one `read_ranges` call (each is itself cut into parallel GETs).
+const SPAN_CONCURRENCY: usize = 8;
+/// Largest span of touching items fetched as one range.
+const MAX_SPAN: u64 = 256 << 20;
 
 /// The tokio runtime of this process. A forked child (DataLoader workers) makes its own: the
 /// parent's worker threads do not exist in the child.
@@ -469,50 +471,112 @@ impl CheckpointFiles {
         Ok(PyBytes::new(py, &b))
     }
 
-    /// Reads `(path, offset, length, crc32c or None)` ranges in parallel, fetching only those
-    /// bytes, and returns them in order. A given CRC32C is checked against the bytes read; a
-    /// mismatch raises `HashMismatchError` naming the object and the range.
+    /// Reads `(path, offset, length, crc32c or None)` items and returns their bytes in order.
+    /// Items that touch or overlap in one file are fetched as one span (cut by the core into
+    /// part-aligned ranged GETs in parallel), so a full load makes few large requests and a
+    /// partial one fetches only the items asked for. A given CRC32C is checked against the
+    /// item's bytes; a mismatch raises `HashMismatchError` naming the object and the range.
     fn read_ranges<'py>(
         &self,
         py: Python<'py>,
         requests: Vec<(String, u64, u64, Option<u32>)>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let source = self.source.clone();
-        let reqs = requests.clone();
-        let got: Vec<Bytes> = block_on(py, move || async move {
-            futures::stream::iter(reqs.into_iter().map(|(path, off, len, crc)| {
-                let source = source.clone();
-                async move {
-                    let end = off.checked_add(len).ok_or(CoreError::RangeOutOfBounds {
-                        path: Path::from(path.as_str()),
-                        start: off,
-                        end: u64::MAX,
-                        size: u64::MAX,
-                    })?;
-                    let b = source.read(&path, off..end).await?;
-                    if let Some(expected) = crc {
-                        let actual = crc32c(&b);
-                        if actual != expected {
-                            return Err(CoreError::ChecksumMismatch {
-                                path: Path::from(format!(
-                                    "{} bytes {off}..{end}",
-                                    source.object_name(&path)
-                                )),
-                                part: None,
-                                expected,
-                                actual,
-                            });
-                        }
-                    }
-                    Ok(b)
-                }
-            }))
-            .buffered(READ_CONCURRENCY)
-            .try_collect()
-            .await
-        })?;
+        let got: Vec<Bytes> = block_on(py, move || read_items(source, requests))?;
         Ok(got.iter().map(|b| PyBytes::new(py, b)).collect())
     }
+}
+
+/// One ranged fetch covering several requested items of one file.
+struct Span {
+    path: String,
+    start: u64,
+    end: u64,
+    /// Indices into the request list.
+    members: Vec<usize>,
+}
+
+/// Groups items into spans of touching or overlapping ranges per file (at most `MAX_SPAN`).
+fn spans(requests: &[(String, u64, u64, Option<u32>)]) -> Result<Vec<Span>, CoreError> {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by(|&a, &b| (&requests[a].0, requests[a].1).cmp(&(&requests[b].0, requests[b].1)));
+    let mut out: Vec<Span> = Vec::new();
+    for i in order {
+        let (path, off, len, _) = &requests[i];
+        let end = off
+            .checked_add(*len)
+            .ok_or_else(|| CoreError::RangeOutOfBounds {
+                path: Path::from(path.as_str()),
+                start: *off,
+                end: u64::MAX,
+                size: u64::MAX,
+            })?;
+        match out.last_mut() {
+            Some(s) if s.path == *path && *off <= s.end && end.max(s.end) - s.start <= MAX_SPAN => {
+                s.end = s.end.max(end);
+                s.members.push(i);
+            }
+            _ => out.push(Span {
+                path: path.clone(),
+                start: *off,
+                end,
+                members: vec![i],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+async fn read_items(
+    source: Arc<Source>,
+    requests: Vec<(String, u64, u64, Option<u32>)>,
+) -> Result<Vec<Bytes>, CoreError> {
+    let spans = spans(&requests)?;
+    let fetched: Vec<(Span, Bytes)> = futures::stream::iter(spans.into_iter().map(|span| {
+        let source = source.clone();
+        async move {
+            let b = source.read(&span.path, span.start..span.end).await?;
+            Ok::<_, CoreError>((span, b))
+        }
+    }))
+    .buffer_unordered(SPAN_CONCURRENCY)
+    .try_collect()
+    .await?;
+    let mut out = vec![Bytes::new(); requests.len()];
+    for (span, bytes) in fetched {
+        for i in span.members {
+            let (path, off, len, crc) = &requests[i];
+            let lo = usize::try_from(off - span.start).unwrap_or(usize::MAX);
+            let hi = usize::try_from(off + len - span.start).unwrap_or(usize::MAX);
+            if hi > bytes.len() {
+                return Err(CoreError::SizeMismatch {
+                    path: Path::from(source.object_name(path)),
+                    expected: span.end - span.start,
+                    actual: bytes.len() as u64,
+                });
+            }
+            let item = bytes.slice(lo..hi);
+            if let Some(expected) = *crc {
+                let actual = crc32c(&item);
+                if actual != expected {
+                    return Err(CoreError::ChecksumMismatch {
+                        path: Path::from(format!(
+                            "{} bytes {off}..{}",
+                            source.object_name(path),
+                            off + len
+                        )),
+                        part: None,
+                        expected,
+                        actual,
+                    });
+                }
+            }
+            if let Some(slot) = out.get_mut(i) {
+                *slot = item;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Adds this module's classes.

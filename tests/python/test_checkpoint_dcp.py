@@ -92,7 +92,7 @@ def test_committed_checkpoint_is_never_overwritten(saved_step1):
 
 
 def test_async_save_while_training_continues(s3_root, tmp_path, moto):
-    url = f"{s3_root}/async_7"
+    url = f"{s3_root}_async/step_7"  # its own root: the kill tests expect step_1 as latest
     proc = run_workers(2, "async", url, str(tmp_path), "--ballast-mb", "48", env=moto.env)
     results = result_lines(proc)
     assert len(results) == 2
@@ -200,15 +200,35 @@ def test_checkpoint_id_argument_selects_the_location(tmp_path):
 def test_flipped_byte_fails_the_load_naming_the_object(tmp_path):
     state = _small_state()
     dcp.save(state, storage_writer=StorageWriter(tmp_path / "step_4"), no_dist=True)
-    [data] = list((tmp_path / "step_4").glob("attempt-*/__0_0.distcp"))
+    # Flip a byte in the middle of the item that holds model.weight.
+    md = StorageReader(tmp_path / "step_4").read_metadata()
+    [info] = [v for k, v in md.storage_data.items() if k.fqn == "model.weight"]
+    data = tmp_path / "step_4" / info.relative_path
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x01
+    raw[info.offset + info.length // 2] ^= 0x01
     data.write_bytes(bytes(raw))
+    obj = re.compile(r"step_4/attempt-[0-9a-f-]+/__0_0\.distcp")
+
+    # A full load reads the whole file in one span: the file's own CRC catches it.
     err = dcp_root_error(
         lambda: dcp.load(_empty_like(state), storage_reader=StorageReader(tmp_path / "step_4"), no_dist=True)
     )
-    assert isinstance(err, shardstream.HashMismatchError), err
-    assert re.search(r"step_4/attempt-[0-9a-f-]+/__0_0\.distcp bytes \d+\.\.\d+", str(err)), err
+    assert isinstance(err, shardstream.HashMismatchError) and obj.search(str(err)), err
+
+    # Loads of one tensor each fetch only that item: the per-item CRC catches the one that
+    # holds the flipped byte, naming the object and the byte range; the others load.
+    failures = []
+    for key, value in state["model"].items():
+        one = {"model": {key: torch.zeros_like(value)}}
+        try:
+            dcp.load(one, storage_reader=StorageReader(tmp_path / "step_4"), no_dist=True)
+            assert torch.equal(one["model"][key], value)
+        except BaseException:
+            err = dcp_root_error(lambda: dcp.load(one, storage_reader=StorageReader(tmp_path / "step_4"), no_dist=True))
+            assert isinstance(err, shardstream.HashMismatchError), err
+            assert re.search(obj.pattern + r" bytes \d+\.\.\d+", str(err)), err
+            failures.append(key)
+    assert failures == ["weight"], failures
     assert any("__0_0.distcp" in f for f in verify(tmp_path / "step_4")["failures"])
 
 
