@@ -4,12 +4,16 @@
 //! cache. A reader that jumps starts a new stream with a window of one shard.
 
 use std::collections::HashSet;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::source::DatasetSource;
 
 /// Streams followed at once (the oldest is forgotten beyond that).
 const MAX_STREAMS: usize = 32;
+/// Background fetches at once, for all streams together: each costs a download and a
+/// decompression in flight, so they are few, whatever the number of readers.
+pub const WORKERS: usize = 2;
 
 #[derive(Debug, Clone, Copy)]
 struct Stream {
@@ -26,6 +30,8 @@ pub struct Readahead {
     num_shards: usize,
     streams: Mutex<Vec<Stream>>,
     in_flight: Arc<Mutex<HashSet<usize>>>,
+    /// The queue of the worker threads, started on first use; dropping it stops them.
+    queue: Mutex<Option<Sender<usize>>>,
 }
 
 impl Readahead {
@@ -36,6 +42,7 @@ impl Readahead {
             num_shards,
             streams: Mutex::new(Vec::new()),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
+            queue: Mutex::new(None),
         }
     }
 
@@ -91,29 +98,62 @@ impl Readahead {
         (from..=to).filter(|s| in_flight.insert(*s)).collect()
     }
 
-    /// Fetches `shards` into the cache on a background thread, one after the other.
+    /// Queues `shards` for the background workers, which fetch them into the cache (and
+    /// release them at once: read-ahead pins nothing).
     pub fn spawn_fetch(&self, source: Arc<dyn DatasetSource>, shards: Vec<usize>) {
         if shards.is_empty() {
             return;
         }
-        let in_flight = Arc::clone(&self.in_flight);
-        let spawned = std::thread::Builder::new()
-            .name("shardstream-readahead".into())
-            .spawn(move || {
-                for shard in shards {
-                    match source.open_shard(shard) {
-                        Ok(_) => tracing::debug!(shard, "read ahead"),
-                        Err(e) => tracing::debug!(shard, error = %e, "read-ahead failed"),
-                    }
-                    in_flight
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.is_none() {
+            let (tx, rx) = channel::<usize>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..WORKERS {
+                let (rx, source, in_flight) = (
+                    Arc::clone(&rx),
+                    Arc::clone(&source),
+                    Arc::clone(&self.in_flight),
+                );
+                let spawned = std::thread::Builder::new()
+                    .name(format!("shardstream-readahead-{i}"))
+                    .spawn(move || worker(&rx, source.as_ref(), &in_flight));
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot start a read-ahead thread");
+                }
+            }
+            *queue = Some(tx);
+        }
+        if let Some(tx) = queue.as_ref() {
+            for shard in shards {
+                if tx.send(shard).is_err() {
+                    self.in_flight
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .remove(&shard);
                 }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start a read-ahead thread");
+            }
         }
+    }
+}
+
+fn worker(
+    rx: &Mutex<Receiver<usize>>,
+    source: &dyn DatasetSource,
+    in_flight: &Mutex<HashSet<usize>>,
+) {
+    loop {
+        let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(shard) = next else {
+            return;
+        };
+        match source.open_shard(shard) {
+            Ok(_) => tracing::debug!(shard, "read ahead"),
+            Err(e) => tracing::debug!(shard, error = %e, "read-ahead failed"),
+        }
+        in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&shard);
     }
 }
 
