@@ -165,20 +165,19 @@ def main() -> int:
                 datasets.upload(s3, "bench", dirs[p.name][f], f"{f}/{p.name}")
         ctx = streambench.Ctx(work=work, python=python, server=server, profiles=profiles, dirs=dirs, runs=runs,
                             timeout=timeout, batch_size=64 if not args.smoke else 16, shardstream_bin=bin_path,
-                            shardstream_bin_note=bin_note, smoke=args.smoke,
-                            configs=streambench.SMOKE_CONFIGS if args.smoke else streambench.FULL_CONFIGS)
+                            shardstream_bin_note=bin_note, smoke=args.smoke)
         if "ceilings" in sections:
             rows += ceilings.run_all(ctx, log)
         if "streaming" in sections:
             r, s = streambench.run_all(ctx, log)
             rows += r
             skips += s
-        fuse_profiles = profiles[1:] if not args.smoke else profiles[1:2]
+        fuse_profiles = profiles[1:2] if args.smoke else profiles[2:]
         if "fuse" in sections:
             r, s = fusebench.run_all(ctx, log, fuse_profiles)
             rows += r
             skips += s
-        ckpt_mb = 8 if args.smoke else 256
+        ckpt_mb = 8 if args.smoke else 128
         if "checkpoint" in sections:
             r, s = ckptbench.run_all(ctx, log, ckpt_mb)
             rows += r

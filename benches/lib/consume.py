@@ -52,6 +52,30 @@ def collate(batch):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+class ColumnBatches:
+    """shardstream's batch path as an iterable of (ids array, data buffer, offsets array): no
+    Python object per sample, in the training process or in a DataLoader worker."""
+
+    def __init__(self, ds, batch_size: int) -> None:
+        self.ds, self.batch_size = ds, batch_size
+
+    def __iter__(self):
+        for b in self.ds.iter_batches(self.batch_size):
+            col = b["data"]
+            yield b["id"], col.data, col.offsets
+
+
+def _torch_iterable(obj):
+    """Wraps `obj` in a torch IterableDataset (for a DataLoader)."""
+    from torch.utils.data import IterableDataset
+
+    class _It(IterableDataset):
+        def __iter__(self):
+            return iter(obj)
+
+    return _It()
+
+
 # --- building each system's iterable ----------------------------------------------------------------
 
 def build(job: dict, local: str, shuffle: bool, workers: int):
@@ -64,6 +88,16 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
         import shardstream
 
         ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
+    elif SYSTEM == "shardstream (python, iter_batches)":
+        import shardstream
+
+        ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
+        batches = ColumnBatches(ds, bs)
+        if workers:
+            from torch.utils.data import DataLoader
+
+            return DataLoader(_torch_iterable(batches), batch_size=None, num_workers=workers), "columns"
+        return batches, "columns"
     elif SYSTEM == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming import downloader
@@ -127,7 +161,29 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int) -> dict:
         if len(data) != size or data[:8] != i.to_bytes(8, "little")[: min(8, size)]:
             bad += 1
 
-    if batched:
+    if batched == "columns":
+        import numpy as np
+
+        seen_np = np.zeros(n, dtype=np.int64)
+        head = np.arange(min(8, size))
+        for ids, buf, offsets in it:
+            if t_first is None:
+                t_first = time.time()
+            ids = np.asarray(ids, dtype=np.int64)
+            offsets = np.asarray(offsets, dtype=np.int64)
+            count += len(ids)
+            nbytes += int(offsets[-1] - offsets[0]) if len(offsets) else 0
+            inside = (ids >= 0) & (ids < n)
+            out_of_range += int((~inside).sum())
+            np.add.at(seen_np, ids[inside], 1)
+            raw = np.frombuffer(buf, dtype=np.uint8)
+            lengths_ok = np.diff(offsets) == size
+            heads = raw[offsets[:-1][:, None] + head[None, :]] if len(head) else np.zeros((len(ids), 0), np.uint8)
+            want = ids.astype("<u8").view(np.uint8).reshape(-1, 8)[:, : len(head)]
+            bad += int((~(lengths_ok & (heads == want).all(axis=1))).sum())
+        dup = int(np.clip(seen_np - 1, 0, None).sum())
+        seen[:] = (seen_np > 0).astype(np.uint8).tobytes()
+    elif batched:
         for ids, datas in it:
             if t_first is None:
                 t_first = time.time()

@@ -61,9 +61,9 @@ def profiles(smoke: bool) -> list[Profile]:
             Profile("1MB", 1_000_000, 6, 2 << 20),
         ]
     return [
-        Profile("100B", 100, 100_000, 1 << 20),
-        Profile("10KB", 10_000, 8_000, 8 << 20),
-        Profile("1MB", 1_000_000, 160, 16 << 20),
+        Profile("100B", 100, 50_000, 512 << 10),
+        Profile("10KB", 10_000, 5_000, 4 << 20),
+        Profile("1MB", 1_000_000, 100, 8 << 20),
     ]
 
 

@@ -170,18 +170,18 @@ class Report:
             return row.mb_per_s["median"] / ceil.mb_per_s["median"]
 
         cli, py = "shardstream stream", "shardstream (python)"
-        cfg_w, cfg_c = "warm · --num-workers 0 · in order", "cold · --num-workers 0 · in order"
+        cli_w, cli_c = "warm · --num-workers 0 · in order", "cold · --num-workers 0 · in order"
         cfg_w = "warm · 1 process · in order"
-        cfg_c = "cold · 1 process · in order"
-        add(3, f"CLI warm, {big}: ≥ 0.90 × page-cache read", frac(self._find("streaming", cli, big, cfg_w), self._ceiling(big, "warm")), 0.90)
-        r = self._find("streaming", cli, small, cfg_w)
+        add(3, f"CLI warm, {big}: ≥ 0.90 × page-cache read", frac(self._find("streaming", cli, big, cli_w), self._ceiling(big, "warm")), 0.90)
+        r = self._find("streaming", cli, small, cli_w)
         add(3, f"CLI warm, {small}: ≥ 2M samples/s", med(r.samples_per_s) if r and r.check == "ok" else None, 2e6, unit=" samples/s")
-        add(3, f"CLI cold, {big}: ≥ 0.85 × raw parallel GET", frac(self._find("streaming", cli, big, cfg_c), self._ceiling(big, "cold")), 0.85)
+        add(3, f"CLI cold, {big}: ≥ 0.85 × raw parallel GET", frac(self._find("streaming", cli, big, cli_c), self._ceiling(big, "cold")), 0.85)
         dl = "cold · DataLoader 2 workers · shuffled"
         for prof, target in ((mid, 3.0), (small, 5.0)):
-            r, peer = self._find("streaming", py, prof, dl), self._best_peer("streaming", prof, dl)
-            v = (r.samples_per_s["median"] / peer.samples_per_s["median"]) if r and r.check == "ok" and peer else None
-            add(4, f"Python, {prof}, {dl}: ≥ {target:.0f}× best peer samples/s (issue asks via the batch path)", v, target, unit="×")
+            for system in ("shardstream (python, iter_batches)", "shardstream (python)"):
+                r, peer = self._find("streaming", system, prof, dl), self._best_peer("streaming", prof, dl)
+                v = (r.samples_per_s["median"] / peer.samples_per_s["median"]) if r and r.check == "ok" and peer else None
+                add(4, f"{system}, {prof}, {dl}: ≥ {target:.0f}× best peer samples/s", v, target, unit="×")
         add(4, f"Python warm, {big}: ≥ 0.90 × page-cache read", frac(self._find("streaming", py, big, cfg_w), self._ceiling(big, "warm")), 0.90)
         for what, attr in (("time to first sample", "ttfs_s"), ("peak memory", "peak_mem")):
             r, peers = self._find("streaming", py, mid, dl), [x for x in self.rows if x.section == "streaming" and x.kind == "peer" and x.profile == mid and x.config == dl and getattr(x, attr)]
@@ -199,7 +199,7 @@ class Report:
             s3tc = self._find("checkpoint", "s3torchconnector", self.meta["ckpt_profile"], op)
             add(6, f"checkpoint {op}: ≥ 0.85 × raw parallel {raw}", frac(ss, ceil), 0.85)
             add(6, f"checkpoint {op}: ≥ 1.5× s3torchconnector", frac(ss, s3tc), 1.5, unit="×")
-        out += ["", "A goal that is not met is marked **no**; the closing note of the run (benches/README.md) says why",
+        out += ["", "A goal that is not met is marked **no**; the closing note of the latest full run (benches/README.md) says why",
                 "and what would fix it. \"not measured\" means the system was skipped (see above) or failed its check."]
         return out
 
@@ -214,17 +214,31 @@ class Report:
         out_dir.mkdir(parents=True, exist_ok=True)
         names = []
         profiles = self.meta["profiles"]
-        cfg = "DataLoader 2 workers · shuffled"
         systems = sorted({r.system for r in self.rows if r.section == "streaming"})
+
+        def panel_config(prof: str, temp: str) -> str | None:
+            """The configuration a panel shows: DataLoader 2 workers, shuffled, where it was measured."""
+            have = [r.config for r in self.rows if r.section == "streaming" and r.profile == prof and r.temperature == temp]
+            for want in (f"{temp} · DataLoader 2 workers · shuffled", f"{temp} · --num-workers 2 · shuffled"):
+                if want in have:
+                    return want
+            return have[0] if have else None
+
+        def pick(system: str, prof: str, config: str | None) -> Row | None:
+            if config is None:
+                return None
+            alt = config.replace("DataLoader 2 workers", "--num-workers 2").replace("1 process", "--num-workers 0")
+            return self._find("streaming", system, prof, config) or self._find("streaming", system, prof, alt)
+
         if systems:
             fig, axes = plt.subplots(2, len(profiles), figsize=(4 * len(profiles), 6.5), squeeze=False)
             for i, temp in enumerate(("cold", "warm")):
                 for j, prof in enumerate(profiles):
                     ax = axes[i][j]
+                    config = panel_config(prof, temp)
                     vals, los, his, labels = [], [], [], []
                     for s in systems:
-                        r = self._find("streaming", s, prof, f"{temp} · {cfg}") or self._find(
-                            "streaming", s, prof, f"{temp} · --num-workers 2 · shuffled")
+                        r = pick(s, prof, config)
                         if r and r.samples_per_s and r.check == "ok":
                             m = r.samples_per_s
                             vals.append(m["median"])
@@ -237,8 +251,8 @@ class Report:
                         ax.axhline(ceil.samples_per_s["median"], color="tab:red", ls="--", lw=1, label=f"ceiling: {ceil.system}")
                         ax.legend(fontsize=6, loc="upper right")
                     ax.set_xticks(range(len(vals)), labels, fontsize=6, rotation=30, ha="right")
-                    ax.set_title(f"{prof} · {temp} · 2 workers · shuffled", fontsize=8)
-                    ax.set_ylabel("samples/s", fontsize=7)
+                    ax.set_title(f"{prof} samples · {config or temp}", fontsize=7)
+                    ax.set_ylabel("samples/s (median, min–max)", fontsize=7)
                     ax.set_yscale("log")
                     ax.tick_params(axis="y", labelsize=6)
             fig.tight_layout()
@@ -248,13 +262,14 @@ class Report:
 
             prof = profiles[1]
             fig, ax = plt.subplots(figsize=(7, 3.5))
+            config = panel_config(prof, "cold")
             for s in systems:
-                r = self._find("streaming", s, prof, f"cold · {cfg}") or self._find("streaming", s, prof, "cold · --num-workers 2 · shuffled")
+                r = pick(s, prof, config)
                 if r and r.mem_series:
                     ax.plot([t for t, _ in r.mem_series], [v / MIB for _, v in r.mem_series], label=s, lw=1)
             ax.set_xlabel("seconds since the dataset was built", fontsize=7)
             ax.set_ylabel("PSS of the process tree, MiB", fontsize=7)
-            ax.set_title(f"Memory over one epoch: {prof} samples, cold, DataLoader 2 workers, shuffled", fontsize=8)
+            ax.set_title(f"Memory over one epoch (first run): {prof} samples, {config}", fontsize=8)
             ax.legend(fontsize=6)
             ax.tick_params(labelsize=6)
             fig.tight_layout()
