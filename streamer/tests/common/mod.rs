@@ -23,14 +23,15 @@ use shardstream_streamer::{StreamPlan, StreamingDataset};
 /// from the wrong place is caught and compression cannot shrink a "large" shard.
 pub fn payload(id: u64, len: usize) -> Vec<u8> {
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 /// How to write a test dataset.
@@ -97,13 +98,21 @@ pub fn check_sample(index: u64, sample: &Sample, len: usize) {
 
 /// A moto server holding `dir` under `s3://bucket/ds`.
 pub fn moto_with(dir: &Path, rt: &tokio::runtime::Runtime) -> MotoServer {
-    rt.block_on(async {
+    let server = rt.block_on(async {
         let server = MotoServer::start().await.unwrap();
         server.create_bucket("bucket").await.unwrap();
-        let loc = server.open("s3://bucket/ds").unwrap();
-        shardstream_storage::sync_up(dir, &loc).await.unwrap();
         server
-    })
+    });
+    upload(&server, dir, "ds", rt);
+    server
+}
+
+/// Uploads `dir` to `s3://bucket/<prefix>` on `server`.
+pub fn upload(server: &MotoServer, dir: &Path, prefix: &str, rt: &tokio::runtime::Runtime) {
+    rt.block_on(async {
+        let loc = server.open(&format!("s3://bucket/{prefix}")).unwrap();
+        shardstream_storage::sync_up(dir, &loc).await.unwrap();
+    });
 }
 
 /// Opens `s3://bucket/<prefix>` at a test endpoint (moto or a proxy in front of it).
