@@ -262,6 +262,41 @@ class _PauseBeforeCommit:
         return getattr(self._store, name)
 
 
+def count_fetched(reader) -> list[int]:
+    """Makes `reader` (a shardstream StorageReader) count the item bytes it fetches; returns
+    the one-element list the count accumulates in."""
+    fetched = [0]
+    orig_open = reader._open
+
+    class Counting:
+        def __init__(self, files):
+            self.files = files
+
+        def read_ranges(self, reqs):
+            fetched[0] += sum(r[2] for r in reqs)
+            return self.files.read_ranges(reqs)
+
+        def __getattr__(self, name):
+            return getattr(self.files, name)
+
+    def counting_open():
+        files = orig_open()
+        return files if isinstance(files, Counting) else Counting(files)
+
+    reader._open = counting_open
+    return fetched
+
+
+def _local_bytes(state: dict) -> int:
+    """Tensor bytes this rank holds (its shards of DTensors)."""
+    total = 0
+    for group in ("model", "optim", "ballast"):
+        for t in state.get(group, {}).values():
+            t = t.to_local() if hasattr(t, "to_local") else t
+            total += t.numel() * t.element_size()
+    return total
+
+
 def _compare(loaded: dict, ref: dict) -> tuple[int, int]:
     import torch
 
@@ -320,10 +355,14 @@ def main() -> int:
         state = _shard(ref, world, fill_zero=True)
         # A load may ask for a subset: here everything the reference has.
         state["meta"] = {"step": -1}
-        dcp.load(state, storage_reader=StorageReader(args.url))
+        reader = StorageReader(args.url)
+        fetched = count_fetched(reader)
+        dcp.load(state, storage_reader=reader)
+        needed = _local_bytes(state)
         n, nbytes = _compare(state, ref)
         assert state["meta"]["step"] == TRAIN_STEPS, state["meta"]
-        print("RESULT " + json.dumps({"rank": rank, "world": world, "tensors": n, "bytes": nbytes}), flush=True)
+        print("RESULT " + json.dumps({"rank": rank, "world": world, "tensors": n, "bytes": nbytes,
+                                      "fetched": fetched[0], "needed": needed}), flush=True)
     else:  # async: save asynchronously and keep training while it uploads
         from shardstream.checkpoint import StorageWriter
 

@@ -63,6 +63,10 @@ def _load_and_check(nproc: int, url: str, ref: Path, env: dict) -> list[dict]:
     # Every model and optimizer tensor was compared (2 weights + 2 biases, Adam exp_avg and
     # exp_avg_sq of each): a load that silently skipped tensors would fail here.
     assert all(r["tensors"] == 4 + 2 * 4 for r in results), results
+    # Each rank fetched only the saved chunks its own shards overlap (the saved shards of 4
+    # ranks nest in those of 4, 2 and 1): tensor bytes plus torch.save framing of each item.
+    for r in results:
+        assert r["needed"] <= r["fetched"] <= 1.1 * r["needed"], r
     return results
 
 
