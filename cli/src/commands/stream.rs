@@ -1,15 +1,29 @@
-//! `shardstream stream`: stream one epoch through the streamer (pre-warm a cache, or measure).
+//! `shardstream stream`: stream one epoch of one rank through the streamer, to pre-warm a node's
+//! cache or to measure throughput. Prints samples/s, MB/s, time to first sample, peak RSS and
+//! bytes fetched (`--json` for one JSON object), and can serve the streamer's metrics for
+//! Prometheus while it runs (`--metrics-addr`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 use crate::units::ByteSize;
-use std::path::PathBuf;
-
-use crate::Global;
+use crate::{progress, runtime, Global};
 
 /// `stream DATASET`: stream one epoch (pre-warm a cache, or measure throughput).
 #[derive(Debug, clap::Args)]
 pub struct StreamArgs {
     /// Dataset location (local path or s3://, gs://, az:// URL).
     pub dataset: String,
+    /// Subfolder of the dataset (Mosaic's `split`).
+    #[arg(long)]
+    pub split: Option<String>,
     /// Cache root; the run's cache is <cache-root>/<run-id>/<node-rank>/.
     #[arg(long, env = "SHARDSTREAM_CACHE_ROOT")]
     pub cache_root: Option<PathBuf>,
@@ -25,9 +39,15 @@ pub struct StreamArgs {
     /// Processes per node.
     #[arg(long)]
     pub nproc_per_node: Option<u64>,
+    /// The process on this node to stream for (0-based).
+    #[arg(long, default_value_t = 0)]
+    pub local_rank: u64,
     /// DataLoader workers per process.
     #[arg(long)]
     pub num_workers: Option<u64>,
+    /// The worker to stream for (0-based).
+    #[arg(long, default_value_t = 0)]
+    pub worker: u64,
     /// Batch size per process.
     #[arg(long)]
     pub batch_size: Option<u64>,
@@ -37,6 +57,12 @@ pub struct StreamArgs {
     /// Shuffle seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Shards per shuffle block.
+    #[arg(long)]
+    pub window: Option<u32>,
+    /// Lanes of the order (like Mosaic's num_canonical_nodes); default: the number of nodes.
+    #[arg(long)]
+    pub lanes: Option<u32>,
     /// Epoch.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
@@ -46,13 +72,232 @@ pub struct StreamArgs {
     /// Disk budget of the cache.
     #[arg(long)]
     pub cache_limit: Option<ByteSize>,
+    /// Check the hashes the index records.
+    #[arg(long)]
+    pub validate_hash: bool,
+    /// Copy local sources into the cache instead of reading them in place.
+    #[arg(long)]
+    pub copy_local: bool,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400) while streaming.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Keep serving metrics this many seconds after the epoch (so a scraper sees the end).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_linger: u64,
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
+fn u32_arg(name: &str, value: Option<u64>, default: u32) -> anyhow::Result<u32> {
+    match value {
+        None => Ok(default),
+        Some(v) => u32::try_from(v).with_context(|| format!("--{name} {v} is too large")),
+    }
+}
+
 /// Runs `stream`.
 pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
-    let _ = (args, global);
-    super::unavailable::not_available(3)
+    let started = Instant::now();
+    let config = StreamingConfig {
+        remote: args.dataset.clone(),
+        split: args.split.clone(),
+        cache_root: args.cache_root.clone(),
+        run_id: args.run_id.clone(),
+        node_rank: args.node_rank,
+        memory_limit: args.memory_limit.map(|b| b.0),
+        cache_limit: args.cache_limit.map(|b| b.0),
+        copy_local: args.copy_local,
+        validate_hash: args.validate_hash,
+        ..StreamingConfig::default()
+    };
+    let dataset = StreamingDataset::open(config)
+        .with_context(|| format!("cannot open dataset {}", args.dataset))?;
+    let nodes = u32_arg("num-nodes", args.num_nodes, 1)?;
+    let world = World::new(
+        nodes,
+        u32_arg("nproc-per-node", args.nproc_per_node, 1)?,
+        u32_arg("num-workers", args.num_workers, 1)?,
+        u32_arg("batch-size", args.batch_size, 1)?,
+    )?;
+    let node = match args.node_rank {
+        Some(r) => u32_arg("node-rank", Some(r), 0)?,
+        None => node_of(&dataset)?,
+    };
+    let rank = Rank {
+        node,
+        local_process: u32_arg("local-rank", Some(args.local_rank), 0)?,
+        worker: u32_arg("worker", Some(args.worker), 0)?,
+    };
+    let order = OrderConfig {
+        seed: args.seed.unwrap_or(OrderConfig::DEFAULT_SEED),
+        shuffle: args.shuffle,
+        window: args.window.unwrap_or(OrderConfig::DEFAULT_WINDOW),
+        lanes: args.lanes.unwrap_or(nodes),
+        ..OrderConfig::default()
+    };
+    let plan = StreamPlan {
+        order,
+        epoch: args.epoch,
+        world,
+        rank,
+        start: 0,
+    };
+
+    // The metrics server runs on its own runtime, owned here: dropping it stops the server.
+    let server = match &args.metrics_addr {
+        Some(addr) => Some(serve_metrics(addr, dataset.clone())?),
+        None => None,
+    };
+
+    let mut stream = dataset.stream(plan)?;
+    let bar = progress::items(stream.total(), "samples", global.progress());
+    let stream_start = Instant::now();
+    let mut first_sample: Option<Duration> = None;
+    let (mut samples, mut bytes) = (0u64, 0u64);
+    for item in &mut stream {
+        let item = item?;
+        if first_sample.is_none() {
+            first_sample = Some(started.elapsed());
+        }
+        samples += 1;
+        bytes += item.sample.bytes().len() as u64;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let elapsed = stream_start.elapsed().as_secs_f64().max(1e-9);
+    let m = dataset.metrics();
+    let peak_rss = peak_rss_bytes();
+    let report = serde_json::json!({
+        "dataset": args.dataset,
+        "cache_dir": dataset.cache_dir().display().to_string(),
+        "samples": samples,
+        "bytes": bytes,
+        "seconds": elapsed,
+        "samples_per_sec": samples as f64 / elapsed,
+        "mb_per_sec": bytes as f64 / 1e6 / elapsed,
+        "time_to_first_sample_sec": first_sample.map(|d| d.as_secs_f64()),
+        "peak_rss_bytes": peak_rss,
+        "fetch_bytes": m.fetch_bytes,
+        "fetch_requests": m.fetch_requests,
+        "shards_fetched": m.shards_fetched,
+        "cache_hits": m.cache_hits,
+        "cache_misses": m.cache_misses,
+        "stall_seconds": m.stall_seconds,
+        "metrics_addr": server.as_ref().map(|s| s.addr.to_string()),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{samples} samples, {} in {elapsed:.2} s: {:.0} samples/s, {:.1} MB/s",
+            ByteSize(bytes),
+            samples as f64 / elapsed,
+            bytes as f64 / 1e6 / elapsed
+        );
+        match first_sample {
+            Some(t) => println!("time to first sample: {:.3} s", t.as_secs_f64()),
+            None => println!("time to first sample: - (no samples)"),
+        }
+        println!(
+            "fetched {} in {} shards ({} requests); cache hits {}, misses {}; stalled {:.2} s",
+            ByteSize(m.fetch_bytes),
+            m.shards_fetched,
+            m.fetch_requests,
+            m.cache_hits,
+            m.cache_misses,
+            m.stall_seconds
+        );
+        match peak_rss {
+            Some(rss) => println!("peak RSS: {}", ByteSize(rss)),
+            None => println!("peak RSS: unknown (no /proc/self/status)"),
+        }
+    }
+    use std::io::Write;
+    std::io::stdout()
+        .flush()
+        .context("cannot write to stdout")?;
+    if server.is_some() && args.metrics_linger > 0 {
+        std::thread::sleep(Duration::from_secs(args.metrics_linger));
+    }
+    drop(server);
+    Ok(())
+}
+
+/// The node rank the dataset's cache folder was resolved with (its last path component).
+fn node_of(dataset: &StreamingDataset) -> anyhow::Result<u32> {
+    let dir = dataset.cache_dir();
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| {
+            format!(
+                "cannot tell the node rank from the cache folder {}; pass --node-rank",
+                dir.display()
+            )
+        })
+}
+
+/// Peak resident set size (`VmHWM`) of this process.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+struct MetricsServer {
+    addr: std::net::SocketAddr,
+    _rt: tokio::runtime::Runtime,
+}
+
+/// Serves `GET /metrics` (any path, in fact) with the dataset's counters in Prometheus' text
+/// format, until the returned server is dropped.
+fn serve_metrics(addr: &str, dataset: StreamingDataset) -> anyhow::Result<MetricsServer> {
+    let rt = runtime::build(1)?;
+    let listener = rt
+        .block_on(TcpListener::bind(addr))
+        .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .context("metrics listener has no address")?;
+    tracing::info!(addr = %bound, "serving metrics");
+    eprintln!("serving metrics on http://{bound}/metrics");
+    let dataset = Arc::new(dataset);
+    rt.spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let dataset = Arc::clone(&dataset);
+            tokio::spawn(async move {
+                // Read the request head (bounded); the reply does not depend on it.
+                let mut buf = vec![0u8; 8192];
+                let mut seen = 0;
+                while seen < buf.len() {
+                    match conn.read(&mut buf[seen..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            seen += n;
+                            if buf[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let body = dataset.metrics().to_prometheus();
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(MetricsServer {
+        addr: bound,
+        _rt: rt,
+    })
 }

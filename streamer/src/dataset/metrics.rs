@@ -55,3 +55,127 @@ pub struct MetricsSnapshot {
     /// The memory budget (`shardstream_memory_budget_bytes`).
     pub memory_limit: u64,
 }
+
+impl MetricsSnapshot {
+    /// The snapshot in Prometheus' text exposition format (version 0.0.4), under the DESIGN §4
+    /// names: `shardstream_*`, base units, no per-shard labels.
+    pub fn to_prometheus(&self) -> String {
+        let counters: [(&str, &str, f64); 12] = [
+            (
+                "shardstream_fetch_bytes_total",
+                "Bytes downloaded from storage.",
+                self.fetch_bytes as f64,
+            ),
+            (
+                "shardstream_fetch_requests_total",
+                "GET requests sent to storage.",
+                self.fetch_requests as f64,
+            ),
+            (
+                "shardstream_fetch_retries_total",
+                "Fetches retried after a transient failure or a damaged download.",
+                self.fetch_retries as f64,
+            ),
+            (
+                "shardstream_shards_fetched_total",
+                "Shards downloaded into the node cache by this process.",
+                self.shards_fetched as f64,
+            ),
+            (
+                "shardstream_cache_hits_total",
+                "Shard requests served from the node cache.",
+                self.cache_hits as f64,
+            ),
+            (
+                "shardstream_cache_misses_total",
+                "Shard requests that had to fetch.",
+                self.cache_misses as f64,
+            ),
+            (
+                "shardstream_cache_evictions_total",
+                "Shards evicted from the node cache by this process.",
+                self.cache_evictions as f64,
+            ),
+            (
+                "shardstream_cache_corrupt_total",
+                "Cached shards found damaged and fetched again.",
+                self.cache_corrupt as f64,
+            ),
+            (
+                "shardstream_samples_total",
+                "Samples handed to the consumer.",
+                self.samples as f64,
+            ),
+            (
+                "shardstream_sample_bytes_total",
+                "Bytes of the samples handed to the consumer.",
+                self.sample_bytes as f64,
+            ),
+            (
+                "shardstream_consumer_stall_seconds_total",
+                "Seconds the consumer waited for a shard.",
+                self.stall_seconds,
+            ),
+            (
+                "shardstream_memory_budget_bytes",
+                "The memory budget (memory_limit).",
+                self.memory_limit as f64,
+            ),
+        ];
+        let gauges: [(&str, &str, f64); 2] = [
+            (
+                "shardstream_cache_bytes",
+                "Bytes of shard files in the node cache at the last count.",
+                self.cache_bytes as f64,
+            ),
+            (
+                "shardstream_memory_budget_used_bytes",
+                "Bytes of the memory budget held now.",
+                self.memory_in_use as f64,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, help, value) in counters {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            ));
+        }
+        for (name, help, value) in gauges {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_has_one_typed_sample_per_metric_in_base_units() {
+        let snap = MetricsSnapshot {
+            fetch_bytes: 1234,
+            stall_seconds: 1.5,
+            cache_bytes: 77,
+            ..MetricsSnapshot::default()
+        };
+        let text = snap.to_prometheus();
+        assert!(text.contains(
+            "# TYPE shardstream_fetch_bytes_total counter\nshardstream_fetch_bytes_total 1234\n"
+        ));
+        assert!(text.contains("shardstream_consumer_stall_seconds_total 1.5\n"));
+        assert!(text.contains("# TYPE shardstream_cache_bytes gauge\nshardstream_cache_bytes 77\n"));
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(samples.len(), 14);
+        assert!(samples
+            .iter()
+            .all(|l| l.starts_with("shardstream_") && !l.contains('{')));
+    }
+}
