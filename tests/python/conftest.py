@@ -69,7 +69,7 @@ class MotoServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             try:
                 urllib.request.urlopen(self.endpoint + "/", timeout=1).read()
