@@ -86,6 +86,11 @@ def versions(bin_path: Path | None, python: str) -> dict:
     v = {"python": platform.python_version()}
     v.update(json.loads(r.stdout) if r.returncode == 0 else {})
     v["shardstream CLI"] = sh_out([str(bin_path), "--version"]) + f" ({bin_path.relative_to(REPO) if bin_path.is_relative_to(REPO) else bin_path})" if bin_path else "not built"
+    so = sorted((REPO / "pyo3-bindings/python/shardstream").glob("_native*.so"))
+    if so:
+        st = so[0].stat()
+        built = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime("%H:%M UTC")
+        v["shardstream._native"] = f"{st.st_size / 1e6:.0f} MB, built {built} (see the note for its profile)"
     v["rclone"] = sh_out(["rclone", "version"]) if shutil.which("rclone") else "not installed"
     v["s3fs"] = sh_out(["s3fs", "--version"]) if shutil.which("s3fs") else "not installed"
     v["zstd"] = sh_out(["zstd", "--version"])

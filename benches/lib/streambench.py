@@ -116,8 +116,11 @@ class ShardstreamCli:
             msg = (res.stderr_tail.strip().splitlines() or [f"exit {res.rc}, no JSON"])[-1][:300]
             return {"error": msg, "check": msg}
         out = res.lines[-1]
-        n = _first(out, "samples", "num_samples", "samples_total")
-        ttfs = _first(out, "time_to_first_sample_s", "ttfs_s", "first_sample_s", "time_to_first_sample")
+        n = _first(out, "samples", "num_samples", "samples_total", "total_samples", "samples_streamed")
+        if n is None:
+            n = next((v for k, v in out.items() if "sample" in k and "per" not in k and "first" not in k
+                      and isinstance(v, int)), None)
+        ttfs = _seconds(out, "first")
         epoch = res.t_end - res.t_start
         if n is None:
             check = "no sample count in the JSON output"
@@ -158,6 +161,14 @@ class ShardstreamCli:
                                       notes=ctx.shardstream_bin_note))
         shutil.rmtree(base, ignore_errors=True)
         return rows
+
+
+def _seconds(d: dict, part: str) -> float | None:
+    """The value of the first key containing `part`, in seconds (keys ending _ms/_us are scaled)."""
+    for k, v in d.items():
+        if part in k and isinstance(v, (int, float)):
+            return v / 1e3 if k.endswith("_ms") else v / 1e6 if k.endswith("_us") else float(v)
+    return None
 
 
 def _first(d: dict, *keys):
