@@ -139,7 +139,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._lanes: int | None = num_canonical_nodes
         self._epoch = 0
         self._resume_start = 0  # positions of self._epoch consumed before this run
-        self._yielded = 0  # samples this process yielded in the current epoch (no workers)
+        self._yielded = 0  # samples this process (or worker) yielded in the current iteration
+        self._worker_skip = 0  # batches this DataLoader worker had yielded (StatefulDataLoader)
         self._native()  # open now: a bad URL or index fails here, not in a worker
 
     # -- native handle --------------------------------------------------------------------
@@ -232,7 +233,18 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         this process's own count is used (exact with `num_workers=0`)."""
         p = placement()
         order = self._order(p)
-        if num_samples is None:
+        worker = None
+        if num_samples is None and p.workers > 1:
+            # Called inside a DataLoader worker (torchdata's StatefulDataLoader does): this
+            # worker's progress, relative to the iteration's common start.
+            consumed = self._resume_start
+            batch = int(self.batch_size or 1)
+            worker = {
+                "id": p.worker,
+                "workers": p.workers,
+                "batches": self._worker_skip + -(-self._yielded // batch),
+            }
+        elif num_samples is None:
             consumed = self._resume_start + self._yielded * p.processes
         elif from_beginning:
             consumed = int(num_samples)
@@ -240,7 +252,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             consumed = self._resume_start + int(num_samples)
         text = self._native().state_json(epoch=self._epoch, consumed=consumed, **order)
         state = json.loads(text)
-        return {
+        out = {
             "epoch": self._epoch,
             "sample_in_epoch": state["consumed"],
             "num_canonical_nodes": order["lanes"],
@@ -248,6 +260,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             "initial_physical_nodes": p.nodes,
             "shardstream": state,
         }
+        if worker is not None:
+            out["worker"] = worker
+        return out
 
     def load_state_dict(self, obj: Mapping[str, Any]) -> None:
         """Continues from a `state_dict` (also one saved by a job of another size): the next
@@ -263,7 +278,18 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             self._lanes = int(obj.get("num_canonical_nodes") or self._lanes or 1)
             epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
             epoch_len = self._native().epoch_len(epoch=epoch, **self._order(placement()))
-        if consumed >= epoch_len:
+        self._worker_skip = 0
+        worker = obj.get("worker")
+        if worker is not None:
+            p = placement()
+            if (worker["id"], worker["workers"]) != (p.worker, p.workers):
+                raise ValueError(
+                    f"this state is DataLoader worker {worker['id']} of {worker['workers']}'s; "
+                    f"it is loaded into worker {p.worker} of {p.workers} (keep num_workers when "
+                    "resuming through StatefulDataLoader, or save state_dict(num_samples=...))"
+                )
+            self._worker_skip = int(worker["batches"])
+        elif consumed >= epoch_len:
             epoch, consumed = epoch + 1, 0
         self._epoch = epoch
         self._resume_start = consumed
@@ -273,6 +299,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _stream(self, batch_size: int, raw: bool):
         p = placement()
+        start, worker = self._resume_start, p.worker
+        if self._worker_skip:
+            # This worker already yielded batches w, w + W, ... (k of them): start the stream at
+            # its next batch, as worker 0 of a world whose start is that batch's first position.
+            step = p.processes * batch_size
+            start += (p.worker + self._worker_skip * p.workers) * step
+            worker = 0
         return self._native().stream(
             epoch=self._epoch,
             nodes=p.nodes,
@@ -281,8 +314,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             batch_size=batch_size,
             node=p.node,
             local_process=p.local_process,
-            worker=p.worker,
-            start=self._resume_start,
+            worker=worker,
+            start=start,
             raw=raw,
             **self._order(p),
         ), p
