@@ -6,7 +6,8 @@
 
 What it does, in order (each system a runner that is skipped with a stated reason when it cannot
 run on this checkout or machine):
-  1. builds what it needs (`cargo build --release -p shardstream-cli`; skipped with --no-build and in
+  1. builds what it needs (`cargo build --release -p shardstream-cli`, `maturin develop --release`;
+     skipped with --no-build and in
      --smoke, which uses whatever binary is there);
   2. writes the datasets: three profiles (100 B, 10 KB, 1 MB samples) in MDS, LitData and WebDataset;
   3. starts a local S3 server (moto, on 127.0.0.1, a free port) and uploads them;
@@ -69,6 +70,12 @@ def find_binary(args, skips: list) -> tuple[Path | None, str]:
                            timeout=args.build_timeout, capture_output=True, text=True)
         if r.returncode != 0:
             skips.append(Skip("build", "cargo build --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
+        maturin = Path(sys.executable).parent / "maturin"
+        log("building the Python binding in release (maturin develop --release)")
+        r = subprocess.run([str(maturin), "develop", "--release", "--quiet"], cwd=REPO / "pyo3-bindings",
+                           timeout=args.build_timeout, capture_output=True, text=True)
+        if r.returncode != 0:
+            skips.append(Skip("build", "maturin develop --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
     if release.exists():
         return release, ""
     if debug.exists():

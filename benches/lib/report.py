@@ -48,6 +48,7 @@ class Report:
         return None
 
     def _best_peer(self, section: str, profile: str, config: str) -> Row | None:
+        config = config.replace("2 processes --num-workers 2", "DataLoader 2 workers")  # the CLI's rows
         peers = [r for r in self.rows if r.section == section and r.kind == "peer" and r.profile == profile
                  and r.config == config and r.check == "ok" and r.mb_per_s]
         return max(peers, key=lambda r: r.mb_per_s["median"], default=None)
@@ -170,7 +171,7 @@ class Report:
             return row.mb_per_s["median"] / ceil.mb_per_s["median"]
 
         cli, py = "shardstream stream", "shardstream (python)"
-        cli_w, cli_c = "warm · --num-workers 0 · in order", "cold · --num-workers 0 · in order"
+        cli_w, cli_c = "warm · 1 process · in order", "cold · 1 process · in order"
         cfg_w = "warm · 1 process · in order"
         add(3, f"CLI warm, {big}: ≥ 0.90 × page-cache read", frac(self._find("streaming", cli, big, cli_w), self._ceiling(big, "warm")), 0.90)
         r = self._find("streaming", cli, small, cli_w)
@@ -219,7 +220,7 @@ class Report:
         def panel_config(prof: str, temp: str) -> str | None:
             """The configuration a panel shows: DataLoader 2 workers, shuffled, where it was measured."""
             have = [r.config for r in self.rows if r.section == "streaming" and r.profile == prof and r.temperature == temp]
-            for want in (f"{temp} · DataLoader 2 workers · shuffled", f"{temp} · --num-workers 2 · shuffled"):
+            for want in (f"{temp} · DataLoader 2 workers · shuffled", f"{temp} · 2 processes --num-workers 2 · shuffled"):
                 if want in have:
                     return want
             return have[0] if have else None
@@ -227,7 +228,7 @@ class Report:
         def pick(system: str, prof: str, config: str | None) -> Row | None:
             if config is None:
                 return None
-            alt = config.replace("DataLoader 2 workers", "--num-workers 2").replace("1 process", "--num-workers 0")
+            alt = config.replace("DataLoader 2 workers", "2 processes --num-workers 2")
             return self._find("streaming", system, prof, config) or self._find("streaming", system, prof, alt)
 
         if systems:
@@ -236,16 +237,17 @@ class Report:
                 for j, prof in enumerate(profiles):
                     ax = axes[i][j]
                     config = panel_config(prof, temp)
-                    vals, los, his, labels = [], [], [], []
+                    vals, los, his, labels, colors = [], [], [], [], []
                     for s in systems:
                         r = pick(s, prof, config)
                         if r and r.samples_per_s and r.check == "ok":
+                            colors.append("tab:green" if r.kind == "shardstream" else "tab:blue")
                             m = r.samples_per_s
                             vals.append(m["median"])
                             los.append(m["median"] - m["min"])
                             his.append(m["max"] - m["median"])
                             labels.append(s.replace(" (", "\n("))
-                    ax.bar(range(len(vals)), vals, yerr=[los, his], color="tab:blue", capsize=3)
+                    ax.bar(range(len(vals)), vals, yerr=[los, his], color=colors, capsize=3)
                     ceil = self._ceiling(prof, temp)
                     if ceil and ceil.samples_per_s:
                         ax.axhline(ceil.samples_per_s["median"], color="tab:red", ls="--", lw=1, label=f"ceiling: {ceil.system}")
@@ -280,11 +282,11 @@ class Report:
         other = [r for r in self.rows if r.section in ("fuse", "checkpoint") and r.mb_per_s and r.check == "ok"]
         if other:
             fig, ax = plt.subplots(figsize=(8, 3.8))
-            labels = [f"{r.system[:28]}\n{r.profile} {r.config.split(' · ')[0]}" for r in other]
+            labels = [f"{r.system[:44]} · {r.config.split(' · ')[0]}" for r in other]
             ax.barh(range(len(other)), [r.mb_per_s["median"] for r in other],
                     xerr=[[r.mb_per_s["median"] - r.mb_per_s["min"] for r in other], [r.mb_per_s["max"] - r.mb_per_s["median"] for r in other]],
                     color=["tab:red" if r.kind == "ceiling" else "tab:green" if r.kind == "shardstream" else "tab:blue" for r in other])
-            ax.set_yticks(range(len(other)), labels, fontsize=5)
+            ax.set_yticks(range(len(other)), labels, fontsize=6)
             ax.set_xlabel("MB/s (red: ceiling, green: shardstream, blue: peer)", fontsize=7)
             ax.set_title("FUSE reads and checkpoint save/load", fontsize=8)
             ax.tick_params(axis="x", labelsize=6)
