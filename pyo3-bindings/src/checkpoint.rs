@@ -64,16 +64,34 @@ fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
-/// Runs the future `make` returns on the runtime with the GIL released. The future is made on
-/// the calling thread's side of the GIL release, so it need not be `Send`; what `make` captures
-/// must be.
+/// How often a blocking call looks for Ctrl-C.
+const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Runs the future `make` returns on the runtime with the GIL released, and turns Ctrl-C into
+/// `KeyboardInterrupt`: every `SIGNAL_POLL` it takes the GIL briefly to run Python's signal
+/// handlers, and if one raises, the future is dropped (which aborts its multipart uploads) and
+/// the exception is returned. The future is made on the released side, so it need not be
+/// `Send`; what `make` captures must be.
 fn block_on<T, F>(py: Python<'_>, make: impl FnOnce() -> F + Send) -> PyResult<T>
 where
     T: Send,
     F: std::future::Future<Output = Result<T, CoreError>>,
 {
     let rt = runtime()?;
-    py.detach(move || rt.block_on(make())).map_err(to_py)
+    py.detach(move || {
+        rt.block_on(async move {
+            let fut = make();
+            tokio::pin!(fut);
+            loop {
+                tokio::select! {
+                    r = &mut fut => return r.map_err(to_py),
+                    () = tokio::time::sleep(SIGNAL_POLL) => {
+                        Python::attach(|py| py.check_signals())?;
+                    }
+                }
+            }
+        })
+    })
 }
 
 /// The one mapping from checkpoint errors to the Python exception tree.

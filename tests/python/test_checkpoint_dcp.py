@@ -40,9 +40,11 @@ def dcp_root_error(call) -> BaseException:
 @pytest.fixture(scope="module")
 def s3_root(moto):
     """A fresh bucket on the moto server and the env that points shardstream at it."""
-    os.environ.update(moto.env)  # the in-process reader/writer in these tests, too
-    bucket = moto.create_bucket(f"ckpt-{uuid.uuid4().hex[:8]}")
-    return f"{bucket}/run"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in moto.env.items():  # the in-process reader/writer in these tests, too
+            mp.setenv(k, v)
+        bucket = moto.create_bucket(f"ckpt-{uuid.uuid4().hex[:8]}")
+        yield f"{bucket}/run"
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +247,30 @@ def test_uncommitted_directory_is_not_loadable(tmp_path):
     )
     assert "not committed" in str(err), err
     assert latest(tmp_path) is None
+
+
+def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch):
+    """A native call waiting on a server that does not answer returns KeyboardInterrupt on
+    Ctrl-C instead of hanging until the request times out."""
+    import signal
+    import threading
+    import time
+
+    from conftest import MotoServer
+
+    server = MotoServer()
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        root = server.create_bucket(f"ctrlc-{uuid.uuid4().hex[:8]}") + "/run"
+        assert latest(root) is None  # the server answers
+        os.kill(server.proc.pid, signal.SIGSTOP)  # now it never does
+        timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            latest(root)
+        assert time.monotonic() - started < 5
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()
