@@ -414,3 +414,51 @@ fn a_mount_that_fails_stops_the_run_before_the_command() {
     assert_eq!(code, 2);
     assert!(stderr.contains("expected DATASET:PATH"), "{stderr}");
 }
+
+fn is_mounted(path: &std::path::Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let want = s(path);
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+}
+
+#[test]
+fn a_mount_is_ready_before_the_command_starts_and_gone_after_it_ends() {
+    let root = tempfile::tempdir().unwrap();
+    let input = root.path().join("data.jsonl");
+    let lines: String = (0..20).map(|i| format!("{{\"id\": {i}}}\n")).collect();
+    fs::write(&input, lines).unwrap();
+    let ds = root.path().join("ds");
+    let (code, _, stderr) = output(&mut shardstream(&["shard", &s(&input), &s(&ds)]));
+    assert_eq!(code, 0, "{stderr}");
+    let mnt = root.path().join("mnt");
+    let spec = format!("{}:{}", ds.display(), mnt.display());
+
+    // The command finds the dataset mounted (the index served through FUSE is the dataset's),
+    // and its exit code is kept; after it, the mount is gone.
+    let check = format!(
+        "grep -q ' {mnt} fuse' /proc/self/mounts && cmp -s '{ds}/index.json' '{mnt}/shards/index.json' && echo mounted; exit 3",
+        mnt = mnt.display(),
+        ds = ds.display()
+    );
+    for _ in 0..2 {
+        // Twice: the second run mounts again at the same place, so the first one let go.
+        let (code, stdout, stderr) = output(&mut shardstream(&[
+            "run",
+            "--run-id",
+            "mounted",
+            "--cache-root",
+            &s(&root.path().join("cache")),
+            "--mount",
+            &spec,
+            "--",
+            "sh",
+            "-c",
+            &check,
+        ]));
+        assert_eq!(code, 3, "{stderr}");
+        assert_eq!(stdout, "mounted\n", "{stderr}");
+        assert!(!is_mounted(&mnt), "still mounted after the run");
+    }
+}
