@@ -84,7 +84,35 @@ class Report:
             out += [f"- **{s.system}** ({s.section}): {s.reason}" for s in self.skips]
         else:
             out.append("Every system ran.")
-        out += ["", "## Goals set by the other issues", ""]
+        out += ["", "## Headline: shardstream against the best peer", "",
+                "Same profile and configuration; samples/s medians. The CLI row is the engine without Python.", "",
+                "| profile | configuration | shardstream (python) | shardstream (python, iter_batches) | shardstream stream (CLI) | best peer | ratio (best shardstream ÷ best peer) |",
+                "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+        for prof in self.meta["profiles"]:
+            configs = []
+            for r in self.rows:
+                if r.section == "streaming" and r.profile == prof and r.kind == "peer" and r.config not in configs:
+                    configs.append(r.config)
+            for config in sorted(configs, key=lambda c: (c.split(" · ")[0], _cfg_key(c))):
+                peer = self._best_peer("streaming", prof, config)
+                cli_cfg = config.replace("DataLoader 2 workers", "2 processes --num-workers 2")
+                cells, best = [], None
+                for system, cfg in (("shardstream (python)", config), ("shardstream (python, iter_batches)", config),
+                                    ("shardstream stream (CLI)", cli_cfg)):
+                    r = self._find("streaming", system, prof, cfg)
+                    ok = r is not None and r.check == "ok" and r.samples_per_s
+                    if ok and r.engine_samples_per_s:
+                        cells.append(f"{_fmt(r.samples_per_s['median'])} ({_fmt(r.engine_samples_per_s['median'])} own)")
+                    else:
+                        cells.append(_fmt(r.samples_per_s["median"]) if ok else "–")
+                    if ok and system != "shardstream stream (CLI)":
+                        best = max(best or 0, r.samples_per_s["median"])
+                p_cell = f"{_fmt(peer.samples_per_s['median'])} ({peer.system})" if peer and peer.samples_per_s else "–"
+                out.append(f"| {prof} | {config} | {' | '.join(cells)} | {p_cell} | "
+                           f"{ratio(best, peer.samples_per_s['median'] if peer and peer.samples_per_s else None)} |")
+        out += ["", "The ratio uses the Python rows only (a training loop's view). CLI: wall time of the process (start, open,",
+                "stream), and in brackets the rate it reports itself over its stream time.",
+                "", "## Goals set by the other issues", ""]
         out += self.goals_table()
         out += ["", "## Ceilings of this machine", "", "| ceiling | profile | what | samples/s | MB/s | runs | notes |",
                 "| --- | --- | --- | ---: | ---: | ---: | --- |"]
@@ -175,7 +203,8 @@ class Report:
         cfg_w = "warm · 1 process · in order"
         add(3, f"CLI warm, {big}: ≥ 0.90 × page-cache read", frac(self._find("streaming", cli, big, cli_w), self._ceiling(big, "warm")), 0.90)
         r = self._find("streaming", cli, small, cli_w)
-        add(3, f"CLI warm, {small}: ≥ 2M samples/s", med(r.samples_per_s) if r and r.check == "ok" else None, 2e6, unit=" samples/s")
+        add(3, f"CLI warm, {small}: ≥ 2M samples/s (the CLI's own rate: stream time, without process start and open)",
+            med(r.engine_samples_per_s) if r and r.check == "ok" else None, 2e6, unit=" samples/s")
         add(3, f"CLI cold, {big}: ≥ 0.85 × raw parallel GET", frac(self._find("streaming", cli, big, cli_c), self._ceiling(big, "cold")), 0.85)
         dl = "cold · DataLoader 2 workers · shuffled"
         for prof, target in ((mid, 3.0), (small, 5.0)):

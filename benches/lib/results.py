@@ -24,6 +24,7 @@ class Row:
     notes: str = ""
     temperature: str = ""  # "cold" / "warm" where it applies
     mem_series: list = field(default_factory=list)  # [(seconds since start, bytes)] of one run
+    engine_samples_per_s: dict | None = None  # the CLI's own figure: stream time only (no process start / open)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,4 +51,5 @@ def aggregate(section, system, profile, config, kind, runs: list[dict], temperat
         check="ok" if not checks and good else ("; ".join(checks) or "no completed run"),
         runs=len(good), notes=notes, temperature=temperature,
         mem_series=next((r["mem_series"] for r in good if r.get("mem_series")), []),
+        engine_samples_per_s=stats([r.get("engine_sps") for r in good]),
     )

@@ -143,6 +143,10 @@ class ShardstreamCli:
                           and isinstance(v, int)), None)
             counts.append(n)
         ttfs = [t for t in (_seconds(out, "first") for out in outs) if t is not None]
+        stream_s = [out.get("seconds") for out in outs]
+        engine_sps = None
+        if None not in counts and None not in stream_s and max(stream_s) > 0:
+            engine_sps = sum(counts) / max(stream_s)
         t_start, t_end = min(r.t_start for r in results), max(r.t_end for r in results)
         n = None if None in counts else sum(counts)
         if n is None:
@@ -156,7 +160,7 @@ class ShardstreamCli:
         peaks = [r.sampler.peak(r.t_start, r.t_end) or 0 for r in results]
         return {
             "samples": n, "bytes": (n or 0) * profile.sample_bytes, "epoch_s": t_end - t_start,
-            "ttfs_s": min(ttfs) if ttfs else None, "check": check, "peak_mem": sum(peaks),
+            "ttfs_s": min(ttfs) if ttfs else None, "check": check, "peak_mem": sum(peaks), "engine_sps": engine_sps,
             "amp": sent / profile.data_bytes,
             "mem_series": [(round(t - results[0].t_start, 3), v) for t, v in results[0].sampler.series],
         }
