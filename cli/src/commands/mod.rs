@@ -12,7 +12,6 @@ pub mod run;
 pub mod shard;
 pub mod stream;
 pub mod transfer;
-pub mod unavailable;
 pub mod verify;
 
 /// The subcommands.
