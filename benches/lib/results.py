@@ -27,7 +27,12 @@ class Row:
     engine_samples_per_s: dict | None = None  # the CLI's own figure: stream time only (no process start / open)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        series = d["mem_series"]
+        if len(series) > 40:  # keep results.json small: 40 points are enough to redraw the curve
+            step = len(series) / 40
+            d["mem_series"] = [series[int(i * step)] for i in range(40)] + [series[-1]]
+        return d
 
 
 @dataclass
