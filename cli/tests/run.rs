@@ -462,3 +462,65 @@ fn a_mount_is_ready_before_the_command_starts_and_gone_after_it_ends() {
         assert!(!is_mounted(&mnt), "still mounted after the run");
     }
 }
+
+#[test]
+fn sigterm_while_a_mount_is_pending_stops_the_run_before_the_command() {
+    let root = tempfile::tempdir().unwrap();
+    // An "S3 server" that accepts connections and never answers: the mount waits on it.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", server.local_addr().unwrap());
+    let (accepted_tx, accepted) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in server.incoming().flatten() {
+            held.push(conn);
+            let _ = accepted_tx.send(());
+        }
+    });
+    let mnt = root.path().join("mnt");
+    let started = root.path().join("started");
+    let touch = format!("touch '{}'", started.display());
+    let spec = format!("s3://bucket/ds:{}", mnt.display());
+    let (mut run, _stdout) = spawn_piped(
+        shardstream(&[
+            "run",
+            "--run-id",
+            "pending",
+            "--cache-root",
+            &s(root.path()),
+            "--mount",
+            &spec,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", "us-east-1"),
+    );
+    // The mount process is waiting on the server: the pod is deleted now.
+    accepted.recv_timeout(LIMIT).unwrap();
+    let start = Instant::now();
+    kill("TERM", run.id());
+    let status = wait_for(&mut run, LIMIT);
+    assert_eq!(status.code(), Some(143));
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!started.exists(), "the command started after SIGTERM");
+    // No mount process is left behind.
+    let needle = s(&mnt);
+    let left: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -150,6 +150,12 @@ pub enum LauncherError {
         /// How long it was given.
         timeout: std::time::Duration,
     },
+    /// The launcher was asked to stop (`SIGTERM`/`SIGINT`) before the command started.
+    #[error("stopped by a signal while {during}, before the command started")]
+    Stopped {
+        /// What was going on.
+        during: &'static str,
+    },
     /// Signal handlers could not be installed.
     #[error("installing signal handlers: {source}")]
     Signals {

@@ -52,5 +52,5 @@ pub use mount::{start_mount, Mount, MountSpec};
 pub use resolve::{
     os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank, Resolved, Source,
 };
-pub use signals::{ForwardSignal, OsSignals, Signaller};
+pub use signals::{EarlySignals, ForwardSignal, OsSignals, Signaller};
 pub use supervise::{exit_code, Outcome, Running, Supervisor, DEFAULT_GRACE};

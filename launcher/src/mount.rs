@@ -87,12 +87,15 @@ fn ready_file_path() -> PathBuf {
 
 /// Starts `program mount DATASET PATH --foreground --ready-file FILE` with `env` added (the
 /// resolved run's exports, so the mount uses the node's cache folder) and waits until it is
-/// ready, it fails, or `timeout` passes. `program` is the `shardstream` binary itself.
+/// ready, it fails, `timeout` passes, or `stop` (asked every few milliseconds) says to give up
+/// ([`LauncherError::Stopped`]; the launcher got `SIGTERM`). `program` is the `shardstream`
+/// binary itself. On any error the mount process is stopped before this returns.
 pub fn start_mount(
     program: &Path,
     spec: &MountSpec,
     env: &[(&'static str, OsString)],
     timeout: Duration,
+    stop: &mut dyn FnMut() -> bool,
 ) -> Result<Mount> {
     fs::create_dir_all(&spec.mountpoint).map_err(io_err("create folder", &spec.mountpoint))?;
     let ready_file = ready_file_path();
@@ -123,7 +126,7 @@ pub fn start_mount(
         child: Some(child),
         ready_file,
     };
-    mount.wait_ready(timeout)?;
+    mount.wait_ready(timeout, stop)?;
     info!(mountpoint = %spec.mountpoint.display(), "mount ready");
     Ok(mount)
 }
@@ -139,11 +142,14 @@ impl Mount {
         self.child.as_ref().map(Child::id)
     }
 
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+    fn wait_ready(&mut self, timeout: Duration, stop: &mut dyn FnMut() -> bool) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if self.ready_file.exists() {
                 return Ok(());
+            }
+            if stop() {
+                return Err(LauncherError::Stopped { during: "mounting" });
             }
             if let Some(child) = self.child.as_mut() {
                 let exited = child.try_wait().map_err(|source| LauncherError::Wait {
@@ -317,7 +323,14 @@ mod tests {
             dataset: "ds".into(),
             mountpoint: dir.path().join("mnt"),
         };
-        let err = start_mount(Path::new("true"), &spec, &[], Duration::from_secs(30)).unwrap_err();
+        let err = start_mount(
+            Path::new("true"),
+            &spec,
+            &[],
+            Duration::from_secs(30),
+            &mut || false,
+        )
+        .unwrap_err();
         assert!(
             matches!(&err, LauncherError::MountFailed { reason, .. } if reason.contains("before it was ready")),
             "{err}"
@@ -348,7 +361,8 @@ mod tests {
             mountpoint: dir.path().join("mnt"),
         };
         let start = Instant::now();
-        let err = start_mount(&prog, &spec, &[], Duration::from_millis(500)).unwrap_err();
+        let err =
+            start_mount(&prog, &spec, &[], Duration::from_millis(500), &mut || false).unwrap_err();
         assert!(matches!(err, LauncherError::MountTimeout { .. }), "{err}");
         assert!(start.elapsed() >= Duration::from_millis(500));
         // The process was stopped (and reaped) before the error came back.
@@ -375,7 +389,8 @@ mod tests {
             mountpoint: dir.path().join("mnt"),
         };
         let env = [("SHARDSTREAM_RUN_ID", OsString::from("r1"))];
-        let mount = start_mount(&prog, &spec, &env, Duration::from_secs(30)).unwrap();
+        let mount =
+            start_mount(&prog, &spec, &env, Duration::from_secs(30), &mut || false).unwrap();
         assert!(mount.pid().is_some());
         let first = fs::read_to_string(&log).unwrap();
         assert_eq!(

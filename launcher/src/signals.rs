@@ -79,8 +79,18 @@ impl OsSignals {
     /// Starts catching the three signals. Install it before starting the command, so that a
     /// `SIGTERM` arriving in between is forwarded rather than killing the launcher.
     pub fn install(signaller: Signaller) -> Result<OsSignals> {
-        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
-            .map_err(|source| LauncherError::Signals { source })?;
+        OsSignals::from_early(EarlySignals::install()?, signaller)
+    }
+
+    /// Takes over from [`EarlySignals`]: what they caught is forwarded first, in order.
+    pub fn from_early(early: EarlySignals, signaller: Signaller) -> Result<OsSignals> {
+        let EarlySignals {
+            mut signals,
+            caught,
+        } = early;
+        for sig in caught {
+            signaller.forward(sig);
+        }
         let handle = signals.handle();
         let thread = std::thread::Builder::new()
             .name("shardstream-signals".into())
@@ -100,6 +110,39 @@ impl OsSignals {
             handle,
             thread: Some(thread),
         })
+    }
+}
+
+/// Catches `SIGTERM`, `SIGINT` and `SIGHUP` from the launcher's start, before there is a
+/// command to forward them to (while the cache folder is prepared and mounts are waited for):
+/// they no longer kill the launcher half-way, and [`EarlySignals::stop_requested`] says whether
+/// to give up before starting the command. Hand them to [`crate::Supervisor::run_with`], which
+/// forwards what was caught to the command as soon as it starts.
+#[derive(Debug)]
+pub struct EarlySignals {
+    signals: Signals,
+    caught: Vec<ForwardSignal>,
+}
+
+impl EarlySignals {
+    /// Starts catching the three signals.
+    pub fn install() -> Result<EarlySignals> {
+        let signals = Signals::new([SIGTERM, SIGINT, SIGHUP])
+            .map_err(|source| LauncherError::Signals { source })?;
+        Ok(EarlySignals {
+            signals,
+            caught: Vec::new(),
+        })
+    }
+
+    /// The first `SIGTERM` or `SIGINT` caught so far, if any (a `SIGHUP` does not stop a run).
+    pub fn stop_requested(&mut self) -> Option<ForwardSignal> {
+        self.caught.extend(
+            self.signals
+                .pending()
+                .filter_map(ForwardSignal::from_number),
+        );
+        self.caught.iter().copied().find(|s| s.starts_grace())
     }
 }
 

@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::error::{LauncherError, Result};
 use crate::hooks::{run_hooks, HookReport, ShutdownHook};
 use crate::resolve::Resolved;
-use crate::signals::{ForwardSignal, OsSignals, Signaller};
+use crate::signals::{EarlySignals, ForwardSignal, OsSignals, Signaller};
 
 /// The default grace period between a forwarded `SIGTERM` and `SIGKILL`: leaves 10 s of
 /// Kubernetes' default 30 s for the hooks.
@@ -156,8 +156,14 @@ impl Supervisor {
     /// Catches the OS signals, starts the command, waits for it and runs the hooks. The hooks
     /// also run if the command cannot be started (they undo what was set up before it).
     pub fn run(self) -> Result<Outcome> {
+        self.run_with(EarlySignals::install()?)
+    }
+
+    /// [`Supervisor::run`] with signals caught since `early` was installed: those are
+    /// forwarded to the command as soon as it starts (a `SIGTERM` then starts the grace period).
+    pub fn run_with(self, early: EarlySignals) -> Result<Outcome> {
         let (tx, rx) = channel();
-        let os = OsSignals::install(Signaller { tx: tx.clone() })?;
+        let os = OsSignals::from_early(early, Signaller { tx: tx.clone() })?;
         let outcome = match self.spawn_with(tx, rx) {
             Ok(running) => running.wait(),
             Err(failed) => Err(fail_with_hooks(failed)),

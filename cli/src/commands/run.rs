@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use shardstream_launcher::{
-    locate_cache_dir, os_env, prepare_cache_dir, resolve_with, start_mount, HookResult, MountSpec,
-    Overrides, Supervisor,
+    locate_cache_dir, os_env, prepare_cache_dir, resolve_with, start_mount, EarlySignals,
+    HookResult, LauncherError, MountSpec, Overrides, Supervisor,
 };
 use tracing::{info, warn};
 
@@ -58,6 +58,9 @@ pub struct RunArgs {
 /// Runs `run`. On success it does not return: the process exits with the command's code.
 pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
     let _ = global;
+    // From here on SIGTERM/SIGINT no longer kill us half-way through the set-up (leaving mount
+    // processes behind); a stop requested before the command starts is honoured below.
+    let mut early = EarlySignals::install()?;
     let overrides = Overrides {
         run_id: args.run_id,
         node_rank: args.node_rank,
@@ -74,10 +77,28 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
     if !args.mount.is_empty() {
         let exe = std::env::current_exe().context("locating the shardstream binary")?;
         for spec in &args.mount {
-            // On an error, the mounts made so far are taken down as `mounts` drops.
-            let mount = start_mount(&exe, spec, &exports, args.mount_timeout)?;
-            mounts.push(mount);
+            let mut stop = || early.stop_requested().is_some();
+            match start_mount(&exe, spec, &exports, args.mount_timeout, &mut stop) {
+                Ok(mount) => mounts.push(mount),
+                Err(LauncherError::Stopped { .. }) => break,
+                Err(e) => {
+                    // Take down the mounts made so far, last first.
+                    while let Some(mount) = mounts.pop() {
+                        drop(mount);
+                    }
+                    return Err(e.into());
+                }
+            }
         }
+    }
+    if let Some(sig) = early.stop_requested() {
+        warn!(signal = ?sig, "stopped before the command started");
+        // Unmount (in reverse order) before the lease goes.
+        while let Some(mount) = mounts.pop() {
+            drop(mount);
+        }
+        drop(lease);
+        std::process::exit(128 + sig.number());
     }
 
     let mut supervisor = Supervisor::new(args.command)?
@@ -90,7 +111,7 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
             mount.unmount(deadline)
         });
     }
-    let outcome = supervisor.run()?;
+    let outcome = supervisor.run_with(early)?;
     drop(lease);
     if outcome.killed_after_grace {
         warn!(grace = ?args.grace_period, "the command outlived its grace period and was killed");
