@@ -21,7 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use shardstream_checkpoint::checksum::{crc32c, Crc32c};
+use shardstream_checkpoint::checksum::{crc32c, crc32c_combine, Crc32c};
 use shardstream_checkpoint::{
     CheckpointError as CoreError, CheckpointInfo, CheckpointReader, CheckpointRoot, CommitRequest,
     FileRecord, FileWriter, SaveAttempt, UploadConfig,
@@ -181,6 +181,7 @@ impl CheckpointStore {
         Ok(RankFileWriter {
             inner: Mutex::new(Some(file)),
             name: name.to_owned(),
+            item_crc: Mutex::new(0),
         })
     }
 
@@ -301,6 +302,8 @@ fn info_dict<'py>(py: Python<'py>, i: &CheckpointInfo) -> PyResult<Bound<'py, Py
 pub struct RankFileWriter {
     inner: Mutex<Option<FileWriter>>,
     name: String,
+    /// CRC32C of the bytes written since the last `take_item_crc`.
+    item_crc: Mutex<u32>,
 }
 
 impl RankFileWriter {
@@ -333,6 +336,7 @@ impl RankFileWriter {
     fn write(&self, py: Python<'_>, data: PyBackedBytes) -> PyResult<u32> {
         let mut w = self.take()?;
         let rt = runtime()?;
+        let len = data.len() as u64;
         let (w, res) = py.detach(move || {
             let mut crc = Crc32c::new();
             crc.update(&data);
@@ -343,6 +347,11 @@ impl RankFileWriter {
         match res {
             Ok(crc) => {
                 self.put_back(w)?;
+                let mut item = self
+                    .item_crc
+                    .lock()
+                    .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))?;
+                *item = crc32c_combine(*item, crc, len);
                 Ok(crc)
             }
             // Dropping the writer aborts its multipart upload (inside the runtime).
@@ -352,6 +361,16 @@ impl RankFileWriter {
                 Err(to_py(e))
             }
         }
+    }
+
+    /// The CRC32C of everything written since the previous call (one item written in several
+    /// `write` calls), and starts the next item.
+    fn take_item_crc(&self) -> PyResult<u32> {
+        let mut item = self
+            .item_crc
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("file writer lock poisoned"))?;
+        Ok(std::mem::take(&mut *item))
     }
 
     /// Bytes written so far.

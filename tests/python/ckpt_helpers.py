@@ -6,6 +6,7 @@ As a script (under torchrun, or plain python for world size 1):
                                          [--part-size N] [--ballast-mb M]
     ckpt_helpers.py load URL REF_DIR
     ckpt_helpers.py async URL REF_DIR [--ballast-mb M]
+    ckpt_helpers.py memory URL REF_DIR --ballast-mb M --budget-mb B --part-size N
 
 `save` trains a small MLP with Adam for a few steps (the same on every rank, seeded), shards every
 parameter and every optimizer-state tensor over the ranks along dim 0 as DTensors, and saves
@@ -315,7 +316,7 @@ def _compare(loaded: dict, ref: dict) -> tuple[int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["save", "load", "async"])
+    ap.add_argument("mode", choices=["save", "load", "async", "memory"])
     ap.add_argument("url")
     ap.add_argument("ref_dir")
     ap.add_argument("--pause")
@@ -323,6 +324,7 @@ def main() -> int:
     ap.add_argument("--pause-dir")
     ap.add_argument("--part-size", type=int)
     ap.add_argument("--ballast-mb", type=int, default=0)
+    ap.add_argument("--budget-mb", type=int, default=512)
     args = ap.parse_args()
 
     import torch
@@ -336,6 +338,21 @@ def main() -> int:
     rank = dist.get_rank() if world > 1 else 0
     ref_path = Path(args.ref_dir) / "ref.pt"
 
+    if args.mode == "memory":
+        # Peak RSS growth while saving one --ballast-mb tensor with a --budget-mb upload budget.
+        import resource
+
+        from shardstream.checkpoint import StorageWriter
+
+        mib = 1 << 20
+        state = {"w": torch.ones(args.ballast_mb * mib // 4)}  # allocated and touched
+        dcp.save({"x": torch.zeros(4)}, storage_writer=StorageWriter(args.url + "_warm"), no_dist=True)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        writer = StorageWriter(args.url, part_size=args.part_size, memory_budget=args.budget_mb * mib)
+        dcp.save(state, storage_writer=writer, no_dist=True)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print("RESULT " + json.dumps({"growth": peak - base, "tensor": args.ballast_mb * mib}), flush=True)
+        return 0
     if args.mode == "save":
         model, opt = _train()
         full = _full_state(model, opt)

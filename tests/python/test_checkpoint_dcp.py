@@ -143,6 +143,17 @@ def test_kill9_during_save_leaves_previous_checkpoint_latest(
     assert verify(url1)["failures"] == []
 
 
+def test_save_memory_stays_within_the_upload_budget(tmp_path):
+    """A 512 MiB tensor saved with a 64 MiB budget: torch.save's output streams to the uploader
+    in pieces, so the process grows by about the budget, not by the tensor."""
+    proc = run_workers(1, "memory", str(tmp_path / "step_1"), str(tmp_path),
+                       "--ballast-mb", "512", "--budget-mb", "64", "--part-size", str(16 * MIB))
+    [res] = result_lines(proc)
+    # budget + one 16 MiB piece in flight to the uploader + allocator slack
+    assert res["growth"] <= (64 + 16 + 48) * MIB, res
+    assert verify(tmp_path / "step_1")["failures"] == []
+
+
 def _s3(moto):
     import boto3
 

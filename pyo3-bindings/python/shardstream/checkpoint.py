@@ -56,6 +56,28 @@ _ITEM_CRCS = "dcp_item_crc32c"
 _METADATA = ".metadata"
 #: Bytes fetched per ``read_ranges`` batch during a load.
 _READ_BATCH_BYTES = 256 << 20
+#: Largest piece ``torch.save`` output is copied in on its way to the uploader.
+_SAVE_CHUNK = 16 << 20
+
+
+class _ItemSink:
+    """The file object ``torch.save`` writes an item into: its output goes to the native
+    uploader in pieces of at most ``_SAVE_CHUNK`` bytes, so a tensor is never serialised into
+    one big in-memory buffer (memory stays within the upload budget plus one piece)."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self.written = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), _SAVE_CHUNK):
+            self.file.write(view[start : start + _SAVE_CHUNK].tobytes())
+        self.written += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        pass
 
 
 def split_url(url: str | os.PathLike) -> tuple[str, str]:
@@ -207,14 +229,13 @@ class StorageWriter(_DcpWriter):
                 items = sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO)
                 for item in items:
                     data = planner.resolve_data(item)
+                    sink = _ItemSink(f)
                     if item.type == WriteItemType.BYTE_IO:
-                        payload = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                        sink.write(data.getbuffer() if isinstance(data, io.BytesIO) else data)
                     else:
-                        buf = io.BytesIO()
-                        torch.save(_cpu_contiguous(data), buf)
-                        payload = buf.getvalue()
-                    crc = f.write(payload)
-                    n = len(payload)
+                        torch.save(_cpu_contiguous(data), sink)
+                    crc = f.take_item_crc()
+                    n = sink.written
                     results.append(
                         WriteResult(
                             index=item.index,
