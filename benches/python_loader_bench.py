@@ -1,6 +1,9 @@
 """shardstream vs mosaicml-streaming through a torch DataLoader: samples/s, time to first sample
 and peak RSS of the process tree, on the same MDS data (written by Mosaic's MDSWriter).
 
+samples/s counts the samples after the first batch over the time after it; time to first sample
+runs from the dataset's construction (imports excluded) to the first batch.
+
     .venv/bin/python benches/python_loader_bench.py [--out DIR] [--json FILE] [--quick]
 
 Every measurement runs in a fresh process (so RSS and caches start equal); the parent samples
@@ -24,9 +27,13 @@ from pathlib import Path
 
 CHILD = r"""
 import json, os, sys, time
-t0 = time.perf_counter()
 lib, path, workers, batch, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 from torch.utils.data import DataLoader
+if lib == "shardstream":
+    import shardstream
+else:
+    import streaming
+t0 = time.perf_counter()
 if lib == "shardstream":
     import shardstream
     ds = shardstream.StreamingDataset(local=path, batch_size=batch)
@@ -35,21 +42,17 @@ else:
     from streaming.base.util import clean_stale_shared_memory
     clean_stale_shared_memory()
     ds = StreamingDataset(local=path, batch_size=batch, shuffle=False)
-n, first = 0, None
-if mode == "batches":
-    for b in ds.iter_batches(batch, columns=["id", "x"]):
-        if first is None:
-            first = time.perf_counter() - t0
+n, first, t1 = 0, None, None
+batches = (ds.iter_batches(batch, columns=["id", "x"]) if mode == "batches" else
+           DataLoader(ds, batch_size=batch, num_workers=workers,
+                      multiprocessing_context="fork" if workers else None))
+for b in batches:
+    if first is None:
+        t1 = time.perf_counter()
+        first = t1 - t0
+    else:
         n += len(b["id"])
-else:
-    loader = DataLoader(ds, batch_size=batch, num_workers=workers,
-                        multiprocessing_context="fork" if workers else None)
-    start = time.perf_counter()
-    for b in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        n += len(b["id"])
-elapsed = time.perf_counter() - t0
+elapsed = time.perf_counter() - t1
 print(json.dumps({"samples": n, "seconds": elapsed, "first": first}))
 """
 
