@@ -43,7 +43,7 @@ pub mod error;
 pub mod order;
 
 pub use dataset::{
-    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamedSample,
-    StreamingConfig, StreamingDataset,
+    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamSpec,
+    StreamedSample, StreamingConfig, StreamingDataset,
 };
 pub use error::{Result, StreamerError};

@@ -116,6 +116,8 @@ impl ProcState {
 pub(crate) struct ShardSource {
     /// The shard's URL (or local path), for messages and as its cache key.
     pub name: Arc<str>,
+    /// The stream (dataset) it belongs to: an index into the dataset's locations.
+    pub stream: usize,
     /// The file to fetch, relative to the dataset location (compressed when `algorithm` is set).
     pub stored_rel: String,
     pub stored_size: u64,
@@ -130,6 +132,8 @@ pub(crate) struct ShardSource {
     pub local_stored: Option<PathBuf>,
     pub samples: u64,
     pub first_sample: u64,
+    /// Bytes it takes in the cache (0 when read in place).
+    pub cache_bytes: u64,
     pub columns: Arc<shardstream_sharding::mds::Columns>,
 }
 
@@ -298,7 +302,17 @@ async fn acquire_stored(
     match begin(ps, spec).await? {
         Begin::Hit(lease) => Ok(lease),
         Begin::Fetch(guard) => {
-            download(ds, &src.stored_rel, src.stored_size, guard.tmp_path()).await?;
+            let location = ds.locations.get(src.stream).ok_or_else(|| {
+                StreamerError::Engine(format!("shard {} has no stream {}", src.name, src.stream))
+            })?;
+            download(
+                ds,
+                location,
+                &src.stored_rel,
+                src.stored_size,
+                guard.tmp_path(),
+            )
+            .await?;
             Metrics::add(&ds.metrics.shards_fetched, 1);
             blocking(move || Ok(guard.commit()?)).await
         }
@@ -306,7 +320,13 @@ async fn acquire_stored(
 }
 
 /// Writes `rel` (of `size` bytes) to `dest` with parallel ranged GETs under the memory budget.
-pub(crate) async fn download(ds: &Arc<Inner>, rel: &str, size: u64, dest: &Path) -> Result<()> {
+pub(crate) async fn download(
+    ds: &Arc<Inner>,
+    location: &Location,
+    rel: &str,
+    size: u64,
+    dest: &Path,
+) -> Result<()> {
     let io = |op, source| StreamerError::Io {
         op,
         path: dest.to_path_buf(),
@@ -322,18 +342,19 @@ pub(crate) async fn download(ds: &Arc<Inner>, rel: &str, size: u64, dest: &Path)
     let ranges: Vec<(u64, u64)> = (0..size.div_ceil(chunk))
         .map(|i| (i * chunk, ((i + 1) * chunk).min(size)))
         .collect();
-    let concurrency = ds.location.options().concurrency.max(1);
+    let concurrency = location.options().concurrency.max(1);
     futures::stream::iter(ranges)
         .map(|(lo, hi)| {
             let (ds, file, rel) = (Arc::clone(ds), Arc::clone(&file), rel.to_string());
+            let location = location.clone();
             let dest = dest.to_path_buf();
             async move {
                 let what = || format!("a {}-byte chunk of {rel}", hi - lo);
                 let lease = ds.budget.acquire(&what, hi - lo).await?;
-                let bytes = get_range(&ds.location, &rel, lo..hi, &ds.metrics).await?;
+                let bytes = get_range(&location, &rel, lo..hi, &ds.metrics).await?;
                 if bytes.len() as u64 != hi - lo {
                     return Err(StreamerError::Corrupt {
-                        what: ds.location.url_of(&rel),
+                        what: location.url_of(&rel),
                         reason: format!(
                             "range {lo}..{hi} returned {} bytes; the object is shorter than the index says",
                             bytes.len()

@@ -46,7 +46,7 @@ use tracing::info;
 
 use crate::cache::{node_dir, CacheConfig, ExpectedHash, LocalSources, VerifyMode};
 use crate::error::{Result, StreamerError};
-use crate::order::DatasetShape;
+use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
 pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
@@ -94,7 +94,8 @@ pub struct StreamingConfig {
 /// Shared state of a dataset (behind the `Arc` every stream and task holds).
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub location: Location,
+    /// One per stream (a single dataset has one).
+    pub locations: Vec<Location>,
     pub index_json: Vec<u8>,
     pub columns: Vec<(String, String)>,
     pub shape: DatasetShape,
@@ -106,7 +107,6 @@ pub(crate) struct Inner {
     pub metrics: Metrics,
     pub proc: ProcSlot,
     pub max_shard_bytes: u64,
-    pub in_place: bool,
 }
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
@@ -126,81 +126,68 @@ impl StreamingDataset {
     /// [`StreamingDataset::open`] with a [`Location`] built by the caller (custom storage
     /// options, a test server); `config.remote` is then only used in messages.
     pub fn open_at(config: StreamingConfig, location: Location) -> Result<Self> {
-        let location = match &config.split {
-            Some(split) => location.join(split)?,
-            None => location,
-        };
-        let index_json = read_index(&location)?;
-        let index_name = location.url_of("index.json");
-        let index = Index::from_json(&index_name, &index_json)?;
+        let split = config.split.clone();
+        Self::open_streams_at(config, vec![(location, split, Weight::Natural)], None)
+    }
+
+    /// Opens several datasets mixed as one, like mosaicml-streaming's `streams`: each
+    /// [`StreamSpec`] names a dataset and its weight (proportion, repeat or choose), and
+    /// `epoch_size` (Mosaic's `epoch_size`) sets the samples per epoch when weights are
+    /// relative. The order (`order::DatasetShape::mixed`) is deterministic and resumable like a
+    /// single dataset's. Global shard and sample ids number the streams one after the other.
+    /// `config.remote` and `config.split` are ignored; the other settings apply to all streams.
+    pub fn open_streams(
+        config: StreamingConfig,
+        streams: Vec<StreamSpec>,
+        epoch_size: Option<u64>,
+    ) -> Result<Self> {
+        let mut opened = Vec::with_capacity(streams.len());
+        for spec in streams {
+            let location = match spec.location {
+                Some(l) => l,
+                None => Location::open(&spec.remote)?,
+            };
+            opened.push((location, spec.split, spec.weight));
+        }
+        Self::open_streams_at(config, opened, epoch_size)
+    }
+
+    fn open_streams_at(
+        config: StreamingConfig,
+        streams: Vec<(Location, Option<String>, Weight)>,
+        epoch_size: Option<u64>,
+    ) -> Result<Self> {
+        if streams.is_empty() {
+            return Err(StreamerError::InvalidConfig {
+                setting: "streams",
+                reason: "at least one dataset is needed".into(),
+            });
+        }
         let cache_dir = resolve_cache_dir(&config)?;
         let memory_limit = config.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
         // A quarter of the budget per chunk lets several chunks be in flight at once.
         let chunk_bytes = (memory_limit / 4).clamp(1, MAX_CHUNK_BYTES);
 
-        let mut shards = Vec::with_capacity(index.shards.len());
-        let mut counts = Vec::with_capacity(index.shards.len());
-        let mut first_sample = 0u64;
-        let mut prev_columns: Option<Arc<Columns>> = None;
-        let mut max_shard_bytes = 0u64;
-        let in_place = location.local_root().is_some() && !config.copy_local;
-        for info in &index.shards {
-            let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
-            let columns = match prev_columns {
-                Some(prev) if *prev == columns => prev,
-                _ => Arc::new(columns),
+        let mut loaded = Loaded::default();
+        let mut locations = Vec::with_capacity(streams.len());
+        let mut shapes = Vec::with_capacity(streams.len());
+        let mut index_json = Vec::new();
+        let mut columns = Vec::new();
+        for (i, (location, split, weight)) in streams.into_iter().enumerate() {
+            let location = match &split {
+                Some(split) => location.join(split)?,
+                None => location,
             };
-            prev_columns = Some(Arc::clone(&columns));
-            let compression = info.compression()?;
-            let hash =
-                |file: &FileInfo| config.validate_hash.then(|| expected_hash(file)).flatten();
-            let raw_local = match location.local_path(&info.raw_data.basename)? {
-                Some(p) if p.is_file() => Some(p),
-                _ => None,
-            };
-            let (stored, algorithm) = match (&info.zip_data, compression) {
-                (Some(zip), Some(c)) if raw_local.is_none() => (zip, Some(c.algorithm())),
-                _ => (&info.raw_data, None),
-            };
-            let local_stored = location.local_path(&stored.basename)?;
-            let name: Arc<str> = match &local_stored {
-                Some(p) => Arc::from(p.display().to_string()),
-                None => Arc::from(location.url_of(&stored.basename)),
-            };
-            let cached = info.raw_data.bytes
-                + if in_place {
-                    0
-                } else {
-                    algorithm.map_or(0, |_| stored.bytes)
-                };
-            max_shard_bytes = max_shard_bytes.max(cached);
-            shards.push(ShardSource {
-                name,
-                stored_rel: stored.basename.clone(),
-                stored_size: stored.bytes,
-                stored_hash: hash(stored),
-                algorithm,
-                raw_size: info.raw_data.bytes,
-                raw_hash: hash(&info.raw_data),
-                local_raw: raw_local.filter(|_| in_place),
-                local_stored: local_stored.filter(|_| in_place),
-                samples: info.samples,
-                first_sample,
-                columns,
-            });
-            counts.push(info.samples);
-            first_sample += info.samples;
+            let json = read_index(&location)?;
+            let counts = loaded.add_stream(&config, &location, i, &json)?;
+            if i == 0 {
+                columns = loaded.first_columns.clone();
+                index_json = json;
+            }
+            shapes.push((StreamShape::new(counts)?, weight));
+            locations.push(location);
         }
-        let columns = match index.shards.first() {
-            Some(s) => s
-                .column_names
-                .iter()
-                .cloned()
-                .zip(s.column_encodings.iter().cloned())
-                .collect(),
-            None => Vec::new(),
-        };
-        let shape = DatasetShape::single(counts)?;
+        let shape = DatasetShape::mixed(shapes, epoch_size, Sampling::Balanced)?;
         let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
         cache_config.verify = if config.validate_hash {
             VerifyMode::Hash
@@ -213,24 +200,25 @@ impl StreamingDataset {
             LocalSources::InPlace
         };
         info!(
-            dataset = %location.url(), shards = shards.len(), samples = first_sample,
+            dataset = %locations.first().map(|l| l.url()).unwrap_or_default(),
+            streams = locations.len(), shards = loaded.shards.len(),
+            samples = shape.num_samples(), epoch = shape.epoch_len(),
             cache = %cache_dir.display(), memory_limit, "dataset opened"
         );
         Ok(StreamingDataset {
             inner: Arc::new(Inner {
-                location,
+                locations,
                 index_json,
                 columns,
                 shape,
-                shards,
+                shards: loaded.shards,
                 cache_dir,
                 cache_config,
                 budget: Budget::new(memory_limit),
                 chunk_bytes,
                 metrics: Metrics::default(),
                 proc: ProcSlot::default(),
-                max_shard_bytes,
-                in_place,
+                max_shard_bytes: loaded.max_shard_bytes,
             }),
         })
     }
@@ -283,11 +271,7 @@ impl StreamingDataset {
     /// Largest bytes one shard takes in the cache (decompressed, plus compressed while it is
     /// being decompressed; 0 when read in place).
     pub fn max_shard_cache_bytes(&self) -> u64 {
-        if self.inner.in_place {
-            0
-        } else {
-            self.inner.max_shard_bytes
-        }
+        self.inner.max_shard_bytes
     }
 
     /// Shard `shard`, fetched once per node through the cache and decompressed; pinned (never
@@ -355,6 +339,108 @@ impl Inner {
             memory_in_use: self.budget.in_use(),
             memory_limit: self.budget.limit(),
         }
+    }
+}
+
+/// One dataset of a mix, for [`StreamingDataset::open_streams`] (Mosaic's `Stream`).
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Its root (as [`StreamingConfig::remote`]).
+    pub remote: String,
+    /// Its subfolder.
+    pub split: Option<String>,
+    /// How much of each epoch it gives.
+    pub weight: Weight,
+    /// A location built by the caller (custom options, a test server); else `remote` is opened.
+    pub location: Option<Location>,
+}
+
+/// The shards of the streams read so far.
+#[derive(Default)]
+struct Loaded {
+    shards: Vec<ShardSource>,
+    first_sample: u64,
+    max_shard_bytes: u64,
+    first_columns: Vec<(String, String)>,
+}
+
+impl Loaded {
+    /// Adds stream `stream` from its `index.json` bytes; returns its per-shard sample counts.
+    fn add_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        json: &[u8],
+    ) -> Result<Vec<u64>> {
+        let index_name = location.url_of("index.json");
+        let index = Index::from_json(&index_name, json)?;
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        if let Some(s) = index.shards.first() {
+            let cols = s
+                .column_names
+                .iter()
+                .cloned()
+                .zip(s.column_encodings.iter().cloned())
+                .collect();
+            if stream == 0 {
+                self.first_columns = cols;
+            }
+        }
+        let mut counts = Vec::with_capacity(index.shards.len());
+        let mut prev_columns: Option<Arc<Columns>> = None;
+        for info in &index.shards {
+            let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
+            let columns = match prev_columns {
+                Some(prev) if *prev == columns => prev,
+                _ => Arc::new(columns),
+            };
+            prev_columns = Some(Arc::clone(&columns));
+            let compression = info.compression()?;
+            let hash =
+                |file: &FileInfo| config.validate_hash.then(|| expected_hash(file)).flatten();
+            let raw_local = match location.local_path(&info.raw_data.basename)? {
+                Some(p) if p.is_file() => Some(p),
+                _ => None,
+            };
+            let (stored, algorithm) = match (&info.zip_data, compression) {
+                (Some(zip), Some(c)) if raw_local.is_none() => (zip, Some(c.algorithm())),
+                _ => (&info.raw_data, None),
+            };
+            let local_stored = location.local_path(&stored.basename)?;
+            let name: Arc<str> = match &local_stored {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(&stored.basename)),
+            };
+            // Bytes the shard takes in the cache: decompressed, plus compressed while it is
+            // being decompressed; nothing when it is read in place.
+            let cached = match (in_place, raw_local.is_some(), algorithm) {
+                (true, true, _) => 0,
+                (true, false, _) => info.raw_data.bytes,
+                (false, _, Some(_)) => info.raw_data.bytes + stored.bytes,
+                (false, _, None) => info.raw_data.bytes,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: stored.basename.clone(),
+                stored_size: stored.bytes,
+                stored_hash: hash(stored),
+                algorithm,
+                raw_size: info.raw_data.bytes,
+                raw_hash: hash(&info.raw_data),
+                local_raw: raw_local.filter(|_| in_place),
+                local_stored: local_stored.filter(|_| in_place),
+                samples: info.samples,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                columns,
+            });
+            counts.push(info.samples);
+            self.first_sample += info.samples;
+        }
+        Ok(counts)
     }
 }
 

@@ -116,7 +116,7 @@ impl SampleStream {
         let partition = order.partition(plan.world, plan.start);
         let len = partition.worker_len(plan.rank.worker);
         let limit = ds.cache_config.limit_bytes;
-        if !ds.in_place {
+        if ds.max_shard_bytes > 0 {
             // What the order holds at once: a shuffle block of shards (one shard in order).
             let window = if plan.order.shuffle {
                 u64::from(plan.order.window).min(ds.shards.len() as u64)
@@ -192,7 +192,7 @@ impl SampleStream {
         self.ds
             .shards
             .get(shard as usize)
-            .map_or(0, |s| if self.ds.in_place { 0 } else { s.raw_size })
+            .map_or(0, |s| s.cache_bytes)
     }
 
     fn spawn_fetch(&mut self, shard: u32) -> Result<()> {
