@@ -4,7 +4,9 @@
 //! - the Indexed Job pattern without Kubernetes: two `shardstream run` "pods" (node ranks 0 and
 //!   1 through JOB_COMPLETION_INDEX, same run id, each in a process group of its own) each start
 //!   `torchrun --nnodes 2 --node-rank $SHARDSTREAM_NODE_RANK`; the workers all-reduce across the
-//!   two, both pods exit 0 and each node wrote only into its own `<root>/<run>/<node>/`.
+//!   two, both pods exit 0 and each node wrote only into its own `<root>/<run>/<node>/`;
+//!   once on 127.0.0.1, once with each pod in a network namespace of its own (`ip netns`, a
+//!   veth pair between them: two hosts sharing only the cache volume).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
 
@@ -104,20 +106,85 @@ fn torchrun_workers_see_the_resolved_run_node_and_cache_folder() {
     );
 }
 
-#[test]
-fn two_pods_of_an_indexed_job_each_use_their_own_node_folder() {
+/// Two network namespaces joined by a veth pair: two "hosts", 10.231.0.1 and 10.231.0.2,
+/// which reach each other only through that link. Removed on drop.
+struct Hosts {
+    netns: [String; 2],
+    ifaces: [String; 2],
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().unwrap();
+    assert!(status.success(), "ip {args:?}");
+}
+
+impl Hosts {
+    fn new() -> Hosts {
+        let tag = std::process::id() % 100_000;
+        let hosts = Hosts {
+            netns: [format!("ss{tag}a"), format!("ss{tag}b")],
+            ifaces: [format!("ss{tag}va"), format!("ss{tag}vb")],
+        };
+        let [na, nb] = &hosts.netns;
+        let [va, vb] = &hosts.ifaces;
+        ip(&["netns", "add", na]);
+        ip(&["netns", "add", nb]);
+        ip(&["link", "add", va, "type", "veth", "peer", "name", vb]);
+        for (i, (ns, iface)) in hosts.netns.iter().zip(&hosts.ifaces).enumerate() {
+            ip(&["link", "set", iface, "netns", ns]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{}/24", Hosts::addr(i)),
+                "dev",
+                iface,
+            ]);
+            ip(&["-n", ns, "link", "set", iface, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        hosts
+    }
+
+    fn addr(i: usize) -> String {
+        format!("10.231.0.{}", i + 1)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in &self.netns {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        // Left in this namespace only if setting up failed half-way.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.ifaces[0]])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// Two `shardstream run` "pods" of an Indexed Job, each wrapping
+/// `torchrun --nnodes 2 --node-rank $SHARDSTREAM_NODE_RANK`, on 127.0.0.1 or each in a
+/// network namespace of its own; asserts what each node's worker saw and wrote.
+fn two_pods(hosts: Option<&Hosts>) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("cache");
     let out = tmp.path().join("out");
     fs::create_dir_all(&out).unwrap();
     let port = free_port().to_string();
+    let master = match hosts {
+        Some(_) => Hosts::addr(0),
+        None => "127.0.0.1".to_string(),
+    };
     let torchrun = s(&venv_bin("torchrun"));
     // As in deploy/overlays/indexed-job: torchrun's --node-rank and --rdzv-id come from what
     // `shardstream run` exported (Kubernetes expands $(VAR) there; a shell does it here).
-    let launch = r#"exec "$0" --nnodes 2 --node-rank "$SHARDSTREAM_NODE_RANK" --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$1" --rdzv-id "$SHARDSTREAM_RUN_ID" "$2" "$3""#;
+    let launch = r#"exec "$0" --nnodes 2 --node-rank "$SHARDSTREAM_NODE_RANK" --nproc-per-node 1 --master-addr "$4" --master-port "$1" --rdzv-id "$SHARDSTREAM_RUN_ID" "$2" "$3""#;
     let pods: Vec<_> = (0..2)
         .map(|index| {
-            let mut cmd = shardstream(&[
+            let args = [
                 "run",
                 "--cache-root",
                 &s(&root),
@@ -129,9 +196,26 @@ fn two_pods_of_an_indexed_job_each_use_their_own_node_folder() {
                 &port,
                 &worker_script(),
                 &s(&out),
-            ]);
+                &master,
+            ];
+            let mut cmd = match hosts {
+                None => shardstream(&args),
+                Some(h) => {
+                    // The same binary and clean environment, inside the pod's namespace.
+                    let base = shardstream(&[]);
+                    let mut ns = Command::new("ip");
+                    ns.env_clear()
+                        .envs(base.get_envs().filter_map(|(k, v)| Some((k, v?))))
+                        .args(["netns", "exec", &h.netns[index]])
+                        .arg(base.get_program())
+                        .args(args);
+                    ns
+                }
+            };
             torch_env(&mut cmd, tmp.path());
-            cmd.env("SHARDSTREAM_RUN_ID", "job-e2e")
+            let iface = hosts.map_or("lo", |h| h.ifaces[index].as_str());
+            cmd.env("GLOO_SOCKET_IFNAME", iface)
+                .env("SHARDSTREAM_RUN_ID", "job-e2e")
                 .env("JOB_COMPLETION_INDEX", index.to_string());
             spawn_piped(&mut cmd)
         })
@@ -160,4 +244,15 @@ fn two_pods_of_an_indexed_job_each_use_their_own_node_folder() {
         assert_eq!(marker["run_id"], "job-e2e");
         assert_eq!(marker["node_rank"], node);
     }
+}
+
+#[test]
+fn two_pods_of_an_indexed_job_each_use_their_own_node_folder() {
+    two_pods(None);
+}
+
+#[test]
+fn two_pods_on_separate_hosts_network_namespaces() {
+    let hosts = Hosts::new();
+    two_pods(Some(&hosts));
 }
