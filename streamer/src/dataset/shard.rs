@@ -36,7 +36,20 @@ struct HandleInner {
     columns: Arc<Columns>,
     /// Global sample id of the shard's first sample.
     first_sample: u64,
-    lease: ShardLease,
+    path: PathBuf,
+    /// The cache pin; `None` only while being dropped.
+    lease: Option<ShardLease>,
+    pid: u32,
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // Inherited through fork: the lock descriptor is shared with the parent, and
+            // dropping it here would unpin the parent's shard. Leak it instead.
+            std::mem::forget(self.lease.take());
+        }
+    }
 }
 
 impl ShardHandle {
@@ -113,7 +126,9 @@ impl ShardHandle {
                 offsets,
                 columns,
                 first_sample,
-                lease,
+                path,
+                lease: Some(lease),
+                pid: std::process::id(),
             }),
         })
     }
@@ -135,7 +150,7 @@ impl ShardHandle {
 
     /// The decompressed file (in the cache, or the source itself when read in place).
     pub fn path(&self) -> &Path {
-        self.inner.lease.path()
+        &self.inner.path
     }
 
     /// Samples in the shard.
@@ -150,8 +165,7 @@ impl ShardHandle {
             return Ok(0);
         }
         let want = buf.len().min((self.inner.len - offset) as usize);
-        let path = self.inner.lease.path();
-        read_exact_at(&self.inner.file, path, &mut buf[..want], offset)?;
+        read_exact_at(&self.inner.file, &self.inner.path, &mut buf[..want], offset)?;
         Ok(want)
     }
 

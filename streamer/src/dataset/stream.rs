@@ -93,6 +93,8 @@ pub struct SampleStream {
     lookahead: u64,
     replan_at: u64,
     read: Option<ReadBuf>,
+    /// The shard read last, so that consecutive samples of one shard skip the slot map.
+    current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
     failed: bool,
 }
@@ -151,6 +153,7 @@ impl SampleStream {
             lookahead: 64,
             replan_at: 0,
             read: None,
+            current: None,
             last: None,
             failed: false,
         })
@@ -204,6 +207,9 @@ impl SampleStream {
     }
 
     fn release(&mut self, shard: u32) {
+        if self.current.as_ref().is_some_and(|(s, _)| *s == shard) {
+            self.current = None;
+        }
         if self.slots.remove(&shard).is_some() {
             self.slot_bytes = self.slot_bytes.saturating_sub(self.shard_bytes(shard));
         }
@@ -255,6 +261,17 @@ impl SampleStream {
     }
 
     fn handle(&mut self, shard: u32) -> Result<ShardHandle> {
+        if let Some((s, h)) = &self.current {
+            if *s == shard {
+                return Ok(h.clone());
+            }
+        }
+        let h = self.slot_handle(shard)?;
+        self.current = Some((shard, h.clone()));
+        Ok(h)
+    }
+
+    fn slot_handle(&mut self, shard: u32) -> Result<ShardHandle> {
         if !self.slots.contains_key(&shard) {
             // Not prefetched (a tight cache): make room first, then fetch it now.
             let stale: Vec<u32> = self.slots.keys().copied().filter(|s| *s != shard).collect();
@@ -340,6 +357,7 @@ impl SampleStream {
     fn step(&mut self) -> Result<Option<StreamedSample>> {
         if self.next >= self.len {
             self.slots.clear();
+            self.current = None;
             self.read = None;
             return Ok(None);
         }
@@ -400,6 +418,7 @@ impl Drop for SampleStream {
         if forked {
             // Inherited from the parent: leak, never drop (see `engine`).
             std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(self.current.take());
             std::mem::forget(self.ps.take());
         }
     }
