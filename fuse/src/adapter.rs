@@ -306,6 +306,8 @@ impl Filesystem for FuseAdapter {
         );
     }
 
+    // ENOSYS, not ENODATA: the kernel then stops asking (no extended attributes exist here), so
+    // `ls -l` and other ACL-aware tools cost no round trip per file.
     fn getxattr(
         &self,
         _req: &Request,
@@ -314,15 +316,11 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        reply.error(Errno::NO_XATTR);
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn setxattr(
