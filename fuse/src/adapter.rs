@@ -8,8 +8,8 @@ use std::time::Duration;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::error::FsError;
@@ -72,6 +72,10 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_readahead(MAX_READ);
         let _ = config.set_max_write(MAX_READ);
         let _ = config.add_capabilities(InitFlags::FUSE_MAX_PAGES);
+        // Listings carry attributes: `ls -l` / `os.walk` + stat cost one request per page of
+        // entries, not one lookup per file.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         let _ = config.set_max_background(64);
         Ok(())
     }
@@ -288,6 +292,46 @@ impl Filesystem for FuseAdapter {
         match listed {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno("readdir", &e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.fs.ttl();
+        let mut added = 0usize;
+        let mut failed = None;
+        let listed = self
+            .fs
+            .readdir(ino.into(), offset, |child, next, _kind, name| {
+                match self.fs.getattr(child) {
+                    Ok(a) => {
+                        added += 1;
+                        reply.add(
+                            INodeNo(child),
+                            next,
+                            name,
+                            &ttl,
+                            &file_attr(&a),
+                            Generation(0),
+                        )
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        true
+                    }
+                }
+            });
+        match (listed, failed) {
+            (Err(e), _) => reply.error(errno("readdirplus", &e)),
+            // The entries before the failing one go out; the kernel asks again from there.
+            (Ok(()), Some(e)) if added == 0 => reply.error(errno("readdirplus", &e)),
+            (Ok(()), _) => reply.ok(),
         }
     }
 
