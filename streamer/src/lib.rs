@@ -1,10 +1,14 @@
 //! Streaming core of shardstream.
 //!
-//! This crate will hold the fetch engine (one byte budget over everything in flight), the node
-//! cache and prefetch. Today it holds the part they are planned around, [`order`]: a
-//! deterministic, shard-aware sample order that is the same for every number of nodes, processes
-//! and DataLoader workers, needs memory in O(shards), gives every rank the same number of samples,
-//! and resumes sample-exactly from a few numbers, also after the world changes.
+//! - [`dataset`]: [`StreamingDataset`] opens an MDS dataset (or a mix of several) anywhere the
+//!   storage layer reaches, serves shards and samples through the node cache, and streams one
+//!   rank's part of an epoch with prefetch, inside one memory budget (`docs/streaming.md`).
+//! - [`cache`]: the per-node disk cache shared by every process of a node through `flock`s
+//!   (`docs/cache.md`).
+//! - [`order`]: a deterministic, shard-aware sample order that is the same for every number of
+//!   nodes, processes and DataLoader workers, needs memory in O(shards), gives every rank the same
+//!   number of samples, and resumes sample-exactly, also after the world changes
+//!   (`docs/sample-order.md`).
 //!
 //! ```
 //! use shardstream_streamer::order::{
@@ -43,7 +47,7 @@ pub mod error;
 pub mod order;
 
 pub use dataset::{
-    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamSpec,
-    StreamedSample, StreamingConfig, StreamingDataset,
+    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamSpec, StreamedSample,
+    StreamingConfig, StreamingDataset,
 };
 pub use error::{Result, StreamerError};
