@@ -190,23 +190,25 @@ impl ShardHandle {
         let mut buf = vec![0u8; (range.end - range.start) as usize];
         read_exact_at(&self.inner.file, self.path(), &mut buf, range.start)?;
         let len = buf.len();
-        self.raw_sample(i, Arc::from(buf), 0..len)
+        self.raw_sample(i, Arc::new(buf), 0..len)
     }
 
-    /// Reads samples `first..last` into one buffer (one `pread`), for sequential reading.
-    pub(crate) fn read_run(&self, first: u64, last: u64) -> Result<(u64, Arc<[u8]>)> {
+    /// Reads samples `first..last` into `buf` (one `pread`), reusing its allocation; returns
+    /// the file offset of `buf[0]`.
+    pub(crate) fn read_run(&self, first: u64, last: u64, buf: &mut Vec<u8>) -> Result<u64> {
         let start = self.sample_range(first)?.start;
         let end = self.sample_range(last - 1)?.end;
-        let mut buf = vec![0u8; (end - start) as usize];
-        read_exact_at(&self.inner.file, self.path(), &mut buf, start)?;
-        Ok((start, Arc::from(buf)))
+        // Only growth is zeroed: a recycled buffer of the same size costs no page faults.
+        buf.resize((end - start) as usize, 0);
+        read_exact_at(&self.inner.file, self.path(), buf, start)?;
+        Ok(start)
     }
 
     /// A sample whose bytes are `buf[range]`: splits its columns (bounds-checked).
     pub(crate) fn raw_sample(
         &self,
         i: u64,
-        buf: Arc<[u8]>,
+        buf: Arc<Vec<u8>>,
         range: Range<usize>,
     ) -> Result<RawSample> {
         let bytes = buf
@@ -259,7 +261,7 @@ fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Resul
 /// a few ranges); the bytes are never copied again after the read from the shard file.
 #[derive(Debug, Clone)]
 pub struct RawSample {
-    buf: Arc<[u8]>,
+    buf: Arc<Vec<u8>>,
     range: Range<usize>,
     cols: Vec<Range<usize>>,
     columns: Arc<Columns>,

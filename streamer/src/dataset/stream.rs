@@ -71,7 +71,7 @@ struct ReadBuf {
     first: u64,
     last: u64,
     base: u64,
-    buf: Arc<[u8]>,
+    buf: Arc<Vec<u8>>,
     _lease: Lease,
 }
 
@@ -324,8 +324,14 @@ impl SampleStream {
                 return h.raw_sample(i, Arc::clone(&r.buf), lo..hi);
             }
         }
-        // Give the read buffer's bytes back before waiting for a fetch that may need them.
-        self.read = None;
+        // Give the read buffer's bytes back to the budget before waiting for a fetch that may
+        // need them. Its allocation is kept for the next read if the consumer has let go of
+        // its samples and it is small (at most RUN_BYTES, outside the budget while kept).
+        let spare = self
+            .read
+            .take()
+            .map(|r| r.buf)
+            .filter(|b| b.capacity() as u64 <= RUN_BYTES + 4096);
         let h = self.handle(shard)?;
         // Sequential reading (the previous sample was the one before): read a run.
         let sequential = self.last == Some((shard, i.wrapping_sub(1)));
@@ -340,7 +346,11 @@ impl SampleStream {
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
         let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
-        let (base, buf) = h.read_run(i, last)?;
+        let mut vec = spare
+            .and_then(|mut b| Arc::get_mut(&mut b).map(std::mem::take))
+            .unwrap_or_default();
+        let base = h.read_run(i, last, &mut vec)?;
+        let buf = Arc::new(vec);
         let len = (first.end - first.start) as usize;
         let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
         self.read = Some(ReadBuf {
