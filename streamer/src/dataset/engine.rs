@@ -43,12 +43,15 @@ pub(crate) const DAMAGED_ATTEMPTS: u32 = 3;
 /// Bytes charged to the budget for a streaming decompressor's buffers and window.
 const DECODER_BYTES: u64 = 4 << 20;
 
-/// What one process needs to fetch: its runtime and its cache handle.
+/// What one process needs to fetch: its runtime, its cache handle, and its storage clients.
 #[derive(Debug)]
 pub(crate) struct ProcState {
     pub pid: u32,
     pub rt: Runtime,
     pub cache: Cache,
+    /// One per stream. Opened again in each process when the dataset was opened by URL: an
+    /// HTTP connection pool inherited through fork holds the parent's sockets and tasks.
+    pub locations: Vec<Location>,
 }
 
 /// The per-process state slot of a dataset.
@@ -67,7 +70,12 @@ impl ProcSlot {
     }
 
     /// This process's state, created on first use and again after a fork.
-    pub(crate) fn get(&self, dir: &Path, config: &CacheConfig) -> Result<Arc<ProcState>> {
+    pub(crate) fn get(
+        &self,
+        dir: &Path,
+        config: &CacheConfig,
+        locations: impl FnOnce() -> Result<Vec<Location>>,
+    ) -> Result<Arc<ProcState>> {
         let pid = std::process::id();
         let mut slot = self
             .slot
@@ -93,7 +101,13 @@ impl ProcSlot {
             .build()
             .map_err(|e| StreamerError::Engine(format!("cannot start the runtime: {e}")))?;
         let cache = Cache::open(dir, config.clone())?;
-        let state = Arc::new(ProcState { pid, rt, cache });
+        let locations = locations()?;
+        let state = Arc::new(ProcState {
+            pid,
+            rt,
+            cache,
+            locations,
+        });
         *slot = Some(Arc::clone(&state));
         Ok(state)
     }
@@ -302,7 +316,7 @@ async fn acquire_stored(
     match begin(ps, spec).await? {
         Begin::Hit(lease) => Ok(lease),
         Begin::Fetch(guard) => {
-            let location = ds.locations.get(src.stream).ok_or_else(|| {
+            let location = ps.locations.get(src.stream).ok_or_else(|| {
                 StreamerError::Engine(format!("shard {} has no stream {}", src.name, src.stream))
             })?;
             download(

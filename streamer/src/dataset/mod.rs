@@ -96,6 +96,9 @@ pub struct StreamingConfig {
 pub(crate) struct Inner {
     /// One per stream (a single dataset has one).
     pub locations: Vec<Location>,
+    /// How to open each stream's location again in a new process: `(url, split)` when the
+    /// dataset was opened by URL, `None` when the caller gave the location.
+    pub reopen: Vec<Option<(String, Option<String>)>>,
     pub index_json: Vec<u8>,
     pub columns: Vec<(String, String)>,
     pub shape: DatasetShape,
@@ -120,14 +123,20 @@ impl StreamingDataset {
     /// the cache folder. Blocking.
     pub fn open(config: StreamingConfig) -> Result<Self> {
         let location = Location::open(&config.remote)?;
-        Self::open_at(config, location)
+        let reopen = Some((config.remote.clone(), config.split.clone()));
+        let split = config.split.clone();
+        Self::open_streams_at(
+            config,
+            vec![(location, split, Weight::Natural, reopen)],
+            None,
+        )
     }
 
     /// [`StreamingDataset::open`] with a [`Location`] built by the caller (custom storage
     /// options, a test server); `config.remote` is then only used in messages.
     pub fn open_at(config: StreamingConfig, location: Location) -> Result<Self> {
         let split = config.split.clone();
-        Self::open_streams_at(config, vec![(location, split, Weight::Natural)], None)
+        Self::open_streams_at(config, vec![(location, split, Weight::Natural, None)], None)
     }
 
     /// Opens several datasets mixed as one, like mosaicml-streaming's `streams`: each
@@ -143,18 +152,21 @@ impl StreamingDataset {
     ) -> Result<Self> {
         let mut opened = Vec::with_capacity(streams.len());
         for spec in streams {
-            let location = match spec.location {
-                Some(l) => l,
-                None => Location::open(&spec.remote)?,
+            let (location, reopen) = match spec.location {
+                Some(l) => (l, None),
+                None => (
+                    Location::open(&spec.remote)?,
+                    Some((spec.remote.clone(), spec.split.clone())),
+                ),
             };
-            opened.push((location, spec.split, spec.weight));
+            opened.push((location, spec.split, spec.weight, reopen));
         }
         Self::open_streams_at(config, opened, epoch_size)
     }
 
     fn open_streams_at(
         config: StreamingConfig,
-        streams: Vec<(Location, Option<String>, Weight)>,
+        streams: Vec<Stream>,
         epoch_size: Option<u64>,
     ) -> Result<Self> {
         if streams.is_empty() {
@@ -170,10 +182,12 @@ impl StreamingDataset {
 
         let mut loaded = Loaded::default();
         let mut locations = Vec::with_capacity(streams.len());
+        let mut reopen = Vec::with_capacity(streams.len());
         let mut shapes = Vec::with_capacity(streams.len());
         let mut index_json = Vec::new();
         let mut columns = Vec::new();
-        for (i, (location, split, weight)) in streams.into_iter().enumerate() {
+        for (i, (location, split, weight, again)) in streams.into_iter().enumerate() {
+            reopen.push(again);
             let location = match &split {
                 Some(split) => location.join(split)?,
                 None => location,
@@ -208,6 +222,7 @@ impl StreamingDataset {
         Ok(StreamingDataset {
             inner: Arc::new(Inner {
                 locations,
+                reopen,
                 index_json,
                 columns,
                 shape,
@@ -308,13 +323,32 @@ impl StreamingDataset {
     }
 
     fn proc(&self) -> Result<Arc<engine::ProcState>> {
-        self.inner
-            .proc
-            .get(&self.inner.cache_dir, &self.inner.cache_config)
+        let inner = &self.inner;
+        inner.proc.get(&inner.cache_dir, &inner.cache_config, || {
+            inner.fresh_locations()
+        })
     }
 }
 
 impl Inner {
+    /// This process's storage clients: opened again from the URL where possible.
+    fn fresh_locations(&self) -> Result<Vec<Location>> {
+        self.locations
+            .iter()
+            .zip(&self.reopen)
+            .map(|(loc, again)| match again {
+                Some((url, split)) => {
+                    let fresh = Location::open(url)?;
+                    Ok(match split {
+                        Some(split) => fresh.join(split)?,
+                        None => fresh,
+                    })
+                }
+                None => Ok(loc.clone()),
+            })
+            .collect()
+    }
+
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
         use std::sync::atomic::Ordering::Relaxed;
         let m = &self.metrics;
@@ -341,6 +375,14 @@ impl Inner {
         }
     }
 }
+
+/// A stream as `open_streams_at` takes it: location, split, weight, and how to reopen it.
+type Stream = (
+    Location,
+    Option<String>,
+    Weight,
+    Option<(String, Option<String>)>,
+);
 
 /// One dataset of a mix, for [`StreamingDataset::open_streams`] (Mosaic's `Stream`).
 #[derive(Debug, Clone)]
