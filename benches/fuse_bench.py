@@ -103,6 +103,22 @@ class Mounted:
         self.close()
 
 
+def ls_lr(root: Path) -> dict:
+    t0 = time.perf_counter()
+    out = subprocess.run(["ls", "-lR", str(root)], capture_output=True, text=True, check=True)
+    s = time.perf_counter() - t0
+    return {"s": s, "files": sum(1 for line in out.stdout.splitlines() if line.startswith("-"))}
+
+
+def walk_stat(root: Path) -> dict:
+    t0, files = time.perf_counter(), 0
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            os.stat(os.path.join(dirpath, n))
+            files += 1
+    return {"s": time.perf_counter() - t0, "files": files}
+
+
 def median(runs: list[tuple[int, float]]) -> dict:
     runs = sorted(runs, key=lambda r: r[1])
     n, s = runs[len(runs) // 2]
@@ -201,11 +217,16 @@ def main() -> None:
                 "--cache-root", str(work / "cache-meta"), "--ready-file", str(mready)]
         with Mounted(mcmd, env, mmnt, mready):
             for temp in ("cold", "warm"):
-                t0 = time.perf_counter()
-                out = subprocess.run(["ls", "-lR", str(mmnt / "samples")], capture_output=True, text=True, check=True)
-                s = time.perf_counter() - t0
-                entries = sum(1 for line in out.stdout.splitlines() if line.startswith("-"))
-                results[f"ls -lR samples/ ({entries} files), {temp}"] = {"s": s, "files": entries}
+                results[f"ls -lR samples/, {temp}"] = ls_lr(mmnt / "samples")
+                results[f"os.walk + stat samples/, {temp}"] = walk_stat(mmnt / "samples")
+        # The same listing of a local folder of as many files: what `ls` itself costs here.
+        local = work / "local-files"
+        local.mkdir()
+        for i in range(args.meta_samples):
+            (local / f"{i:06}.text.txt").write_bytes(b"x")
+        ls_lr(local)
+        results["ls -lR of a local folder, same count"] = ls_lr(local)
+        results["os.walk + stat of that local folder"] = walk_stat(local)
     finally:
         server.stop()
         for m in work.glob("mnt*"):
@@ -218,7 +239,7 @@ def main() -> None:
             extra = f"  (server sent {v['server_bytes'] / v['bytes']:.2f} x)" if "server_bytes" in v else ""
             print(f"{k:<{width}}  {mbps(v['bytes'], v['s']):9.1f} MB/s  {v['bytes'] / MIB:8.0f} MiB in {v['s']:.2f} s{extra}")
         elif "s" in v:
-            print(f"{k:<{width}}  {v['s']:9.3f} s")
+            print(f"{k:<{width}}  {v['s']:9.3f} s  ({v.get('files', '?')} files)")
         else:
             print(k)
     if args.json:

@@ -538,3 +538,44 @@ fn budgets_hold_with_8_concurrent_sequential_readers() {
     );
     drop(daemon);
 }
+
+#[test]
+fn allow_other_reaches_the_kernel_mount_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    files_tree(&input, 5, 100);
+    let dataset = dir.path().join("ds");
+    run(&["shard", s(&input), s(&dataset)]).ok();
+    let options = |mnt: &Path| -> Vec<String> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let line = mounts
+            .lines()
+            .find(|l| l.split(' ').nth(1) == mnt.to_str())
+            .unwrap()
+            .to_string();
+        line.split(' ')
+            .nth(3)
+            .unwrap()
+            .split(',')
+            .map(str::to_string)
+            .collect()
+    };
+    let private = dir.path().join("private");
+    let mut a = Daemon::start(s(&dataset), &private, &dir.path().join("c1"), &[], &[]);
+    let shared = dir.path().join("shared");
+    let mut b = Daemon::start(
+        s(&dataset),
+        &shared,
+        &dir.path().join("c2"),
+        &["--allow-other"],
+        &[],
+    );
+    assert!(options(&private).contains(&"ro".to_string()));
+    assert!(!options(&private).contains(&"allow_other".to_string()));
+    assert!(
+        options(&shared).contains(&"allow_other".to_string()),
+        "{:?}",
+        options(&shared)
+    );
+    assert!(a.stop() && b.stop());
+}
