@@ -2,6 +2,8 @@
 //!
 //! The level comes from `RUST_LOG` when it is set, else from `-v` (warn, info, debug, trace).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
@@ -24,7 +26,9 @@ pub fn init(format: LogFormat, verbosity: u8) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: pod logs and files get plain text.
+        .with_ansi(std::io::stderr().is_terminal());
     // A second init (tests calling into the library twice) is harmless; ignore its error.
     let _ = match format {
         LogFormat::Text => builder.with_target(false).try_init(),
