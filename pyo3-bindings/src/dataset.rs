@@ -118,9 +118,8 @@ impl NativeDataset {
             validate_hash,
             allow_unsafe_types,
         };
-        let ds = py
-            .detach(|| StreamingDataset::open(config))
-            .map_err(from_streamer)?;
+        let ds =
+            interruptible(py, move || StreamingDataset::open(config))?.map_err(from_streamer)?;
         let mut names = Vec::new();
         let mut encodings = Vec::new();
         for (name, enc) in ds.columns() {
@@ -185,10 +184,10 @@ impl NativeDataset {
         }
         let decoder = Arc::clone(&self.decoder);
         let ds = Arc::clone(&self.ds);
-        let parsed = py.detach(move || -> PyResult<ParsedSample> {
+        let parsed = interruptible(py, move || -> PyResult<ParsedSample> {
             let raw = ds.sample(index as u64).map_err(from_streamer)?;
-            parse_raw(&decoder, &raw).map_err(from_format)
-        })?;
+            parse_raw(&decoder, &raw, &ds).map_err(from_format)
+        })??;
         self.decoder.to_python(py, parsed)
     }
 
@@ -283,7 +282,6 @@ impl NativeDataset {
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
-        py: Python<'_>,
         seed: u64,
         shuffle: bool,
         window: u32,
@@ -314,13 +312,22 @@ impl NativeDataset {
         };
         let ds = Arc::clone(&self.ds);
         let decoder = Arc::clone(&self.decoder);
-        let stream = py.detach(|| ds.stream(plan)).map_err(from_streamer)?;
         let (tx, rx) = sync_channel::<Chunk>(CHANNEL_CHUNKS);
         let reader_decoder = Arc::clone(&decoder);
+        let reader_ds = Arc::clone(&self.ds);
         let chunk_bytes = self.chunk_bytes;
         std::thread::Builder::new()
             .name("shardstream-reader".into())
             .spawn(move || {
+                // Made here, not on the Python thread: opening may wait on storage, and the
+                // Python side waits interruptibly on the channel.
+                let stream = match ds.stream(plan) {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        let _ = tx.send(Err(from_streamer(e)));
+                        return;
+                    }
+                };
                 let mut chunk: Vec<Item> = Vec::new();
                 let mut bytes = 0usize;
                 let mut target = 1usize;
@@ -331,7 +338,7 @@ impl NativeDataset {
                             if raw {
                                 Ok(Item::Raw(s.sample))
                             } else {
-                                parse_raw(&reader_decoder, &s.sample)
+                                parse_raw(&reader_decoder, &s.sample, &reader_ds)
                                     .map(Item::Parsed)
                                     .map_err(|e| from_streamer(e.into()))
                             }
@@ -371,6 +378,7 @@ impl NativeDataset {
             rx: Mutex::new(Some(rx)),
             pending: Mutex::new(VecDeque::new()),
             decoder,
+            ds: Arc::clone(&self.ds),
         })
     }
 }
@@ -390,12 +398,48 @@ impl NativeDataset {
     }
 }
 
-fn parse_raw(decoder: &Decoder, raw: &RawSample) -> Result<ParsedSample, FormatError> {
+/// Runs `f` on a helper thread and waits for it with the GIL released, checking for signals
+/// every [`POLL`]: a call blocked on storage still answers Ctrl-C (the helper finishes on its own).
+fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = sync_channel::<T>(1);
+    std::thread::Builder::new()
+        .name("shardstream-call".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start a helper thread: {e}"))
+        })?;
+    loop {
+        match py.detach(|| rx.recv_timeout(POLL)) {
+            Ok(value) => return Ok(value),
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "a shardstream helper thread stopped without an answer",
+                ))
+            }
+        }
+    }
+}
+
+/// Parses a sample's columns; errors name its shard file (URL or path).
+fn parse_raw(
+    decoder: &Decoder,
+    raw: &RawSample,
+    ds: &StreamingDataset,
+) -> Result<ParsedSample, FormatError> {
+    let name = ds
+        .shard_name(raw.shard())
+        .map_or_else(|| format!("shard {}", raw.shard()), str::to_string);
     parse_sample(
         decoder.encodings(),
         decoder.names(),
         &raw.columns(),
-        &format!("shard {}", raw.shard()),
+        &name,
         raw.index_in_shard(),
     )
 }
@@ -414,6 +458,7 @@ pub struct NativeStream {
     rx: Mutex<Option<Receiver<Chunk>>>,
     pending: Mutex<VecDeque<Item>>,
     decoder: Arc<Decoder>,
+    ds: Arc<StreamingDataset>,
 }
 
 impl NativeStream {
@@ -471,7 +516,7 @@ impl NativeStream {
             match item {
                 Item::Parsed(p) => list.append(self.decoder.to_python(py, p)?)?,
                 Item::Raw(raw) => {
-                    let parsed = parse_raw(&self.decoder, &raw).map_err(from_format)?;
+                    let parsed = parse_raw(&self.decoder, &raw, &self.ds).map_err(from_format)?;
                     list.append(self.decoder.to_python(py, parsed)?)?
                 }
             }

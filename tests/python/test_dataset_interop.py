@@ -125,3 +125,22 @@ def test_errors_name_the_file(tmp_path, stream_env, moto, monkeypatch):
     (data / "index.json").write_text("{not json")
     with pytest.raises(shardstream.CorruptDataError, match="index.json"):
         shardstream.StreamingDataset(local=str(data))
+
+
+def test_undecodable_column_names_shard_and_column(tmp_path, stream_env):
+    from streaming import MDSWriter
+
+    data = tmp_path / "mds"
+    with MDSWriter(out=str(data), columns={"id": "int", "t": "str"}) as w:
+        for i in range(5):
+            w.write({"id": i, "t": "marker-" + "A" * 16 if i == 3 else f"text {i}"})
+    shard = data / "shard.00000.mds"
+    raw = shard.read_bytes()
+    assert raw.count(b"A" * 16) == 1
+    shard.write_bytes(raw.replace(b"A" * 16, b"\xff" * 16))  # same size, not UTF-8
+    ds = shardstream.StreamingDataset(local=str(data))
+    assert ds[2]["t"] == "text 2"
+    with pytest.raises(shardstream.CorruptDataError, match=r"shard\.00000\.mds.*sample 3.*'t'|shard\.00000\.mds.*sample 3.*\"t\""):
+        ds[3]
+    with pytest.raises(shardstream.CorruptDataError, match=r"shard\.00000\.mds"):
+        list(ds)
