@@ -6,7 +6,7 @@
 
 What it does, in order (each system a runner that is skipped with a stated reason when it cannot
 run on this checkout or machine):
-  1. builds what it needs (`cargo build --release -p shardstream-cli`, `maturin develop --release`;
+  1. builds what it needs (`cargo build --release -p shardstream-cli`, `maturin build --release`;
      skipped with --no-build and in
      --smoke, which uses whatever binary is there);
   2. writes the datasets: three profiles (100 B, 10 KB, 1 MB samples) in MDS, LitData and WebDataset;
@@ -71,16 +71,47 @@ def find_binary(args, skips: list) -> tuple[Path | None, str]:
         if r.returncode != 0:
             skips.append(Skip("build", "cargo build --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
         maturin = Path(sys.executable).parent / "maturin"
-        log("building the Python binding in release (maturin develop --release)")
-        r = subprocess.run([str(maturin), "develop", "--release", "--quiet"], cwd=REPO / "pyo3-bindings",
+        # `maturin build`, not `develop`: the release module is staged privately (stage_binding) and
+        # the checkout's installed package is left as it is.
+        log("building the Python binding in release (maturin build --release)")
+        r = subprocess.run([str(maturin), "build", "--release", "--quiet", "-o", str(REPO / ".bench-work" / "wheels")],
+                           cwd=REPO / "pyo3-bindings",
                            timeout=args.build_timeout, capture_output=True, text=True)
         if r.returncode != 0:
-            skips.append(Skip("build", "maturin develop --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
+            skips.append(Skip("build", "maturin build --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
     if release.exists():
         return release, ""
     if debug.exists():
         return debug, "debug build (target/debug/shardstream): no release binary in this checkout; its figures understate a release build"
     return None, ""
+
+
+def stage_binding(work: Path, smoke: bool) -> str:
+    """Which build of the Python binding the children import. A full run imports a private copy of
+    the package with the release native module (target/release/lib_native.so, from `maturin develop
+    --release`), put first on PYTHONPATH, so that a `maturin develop --profile dev` run by someone else
+    in the same checkout cannot swap the module mid-run. Returns a description for the report."""
+    pkg = REPO / "pyo3-bindings" / "python" / "shardstream"
+    installed = sorted(pkg.glob("_native*.so"))
+    release, debug = REPO / "target/release/lib_native.so", REPO / "target/debug/lib_native.so"
+
+    def built(p: Path) -> str:
+        return dt.datetime.fromtimestamp(p.stat().st_mtime, dt.timezone.utc).strftime("%H:%M UTC")
+
+    if not installed:
+        return "not installed"
+    if not smoke and release.exists():
+        stage = work / "pybinding" / "shardstream"
+        shutil.rmtree(stage.parent, ignore_errors=True)
+        shutil.copytree(pkg, stage, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        shutil.copy2(release, stage / installed[0].name)
+        os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(stage.parent), os.environ.get("PYTHONPATH")) if x)
+        return f"release build (target/release/lib_native.so, built {built(release)}), imported from a private copy"
+    so = installed[0]
+    for name, p in (("release", release), ("dev", debug)):
+        if p.exists() and p.stat().st_size == so.stat().st_size and p.read_bytes() == so.read_bytes():
+            return f"{name} build (the installed module, built {built(so)})"
+    return f"unknown build profile (the installed module, built {built(so)})"
 
 
 def versions(bin_path: Path | None, python: str) -> dict:
@@ -93,11 +124,6 @@ def versions(bin_path: Path | None, python: str) -> dict:
     v = {"python": platform.python_version()}
     v.update(json.loads(r.stdout) if r.returncode == 0 else {})
     v["shardstream CLI"] = sh_out([str(bin_path), "--version"]) + f" ({bin_path.relative_to(REPO) if bin_path.is_relative_to(REPO) else bin_path})" if bin_path else "not built"
-    so = sorted((REPO / "pyo3-bindings/python/shardstream").glob("_native*.so"))
-    if so:
-        st = so[0].stat()
-        built = dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime("%H:%M UTC")
-        v["shardstream._native"] = f"{st.st_size / 1e6:.0f} MB, built {built} (see the note for its profile)"
     v["rclone"] = sh_out(["rclone", "version"]) if shutil.which("rclone") else "not installed"
     v["s3fs"] = sh_out(["s3fs", "--version"]) if shutil.which("s3fs") else "not installed"
     v["zstd"] = sh_out(["zstd", "--version"])
@@ -153,6 +179,8 @@ def main() -> int:
     m = machine()
     bin_path, bin_note = find_binary(args, skips)
     log(f"shardstream binary: {bin_path or 'none'} {bin_note}")
+    binding = stage_binding(work, args.smoke)
+    log(f"shardstream Python binding: {binding}")
 
     profiles = datasets.profiles(args.smoke)
     log("writing datasets (reused when already complete)")
@@ -205,7 +233,7 @@ def main() -> int:
         "note": ("SMOKE RUN on tiny data (--smoke): it checks that every runner works and every epoch is complete; "
                  "its figures are not measurements. " if args.smoke else "") + args.note,
         "machine": m,
-        "versions": versions(bin_path, python),
+        "versions": {**versions(bin_path, python), "shardstream Python binding": binding},
         "datasets": ds_meta,
         "profiles": [p.name for p in profiles],
         "fuse_profiles": [p.name for p in fuse_profiles],
