@@ -237,7 +237,11 @@ fn two_streams_mixed_by_repeat_and_choose_deterministic_and_resumable() {
             for item in ds.stream(plan).unwrap() {
                 let item = item.unwrap();
                 // Stream B's samples carry their own ids (0..200) after A's 300.
-                let own = if item.index >= 300 { item.index - 300 } else { item.index };
+                let own = if item.index >= 300 {
+                    item.index - 300
+                } else {
+                    item.index
+                };
                 check_sample(own, &item.sample.decode().unwrap(), 1000);
                 all.push((item.position, item.index));
             }
