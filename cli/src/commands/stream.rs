@@ -24,8 +24,10 @@ pub struct StreamArgs {
     /// Subfolder of the dataset (Mosaic's `split`).
     #[arg(long)]
     pub split: Option<String>,
-    /// Cache root; the run's cache is <cache-root>/<run-id>/<node-rank>/.
-    #[arg(long, env = "SHARDSTREAM_CACHE_ROOT")]
+    /// Cache root; the run's cache is <cache-root>/<run-id>/<node-rank>/. Without it:
+    /// SHARDSTREAM_CACHE_DIR as is (set by `shardstream run`), else SHARDSTREAM_CACHE_ROOT, else the
+    /// default root.
+    #[arg(long)]
     pub cache_root: Option<PathBuf>,
     /// Run id (else SHARDSTREAM_RUN_ID, the launcher's job name, TORCHELASTIC_RUN_ID).
     #[arg(long)]

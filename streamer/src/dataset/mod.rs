@@ -38,6 +38,8 @@ mod stream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use shardstream_launcher::cache::default_cache_root;
+use shardstream_launcher::resolve::CACHE_DIR_ENV;
 use shardstream_launcher::resolve::{os_env, resolve_with, Overrides};
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
@@ -69,9 +71,12 @@ pub struct StreamingConfig {
     pub remote: String,
     /// Subfolder of `remote` (Mosaic's `split`).
     pub split: Option<String>,
-    /// Explicit cache folder (Mosaic's `local`); else `<cache_root>/<run_id>/<node_rank>/`.
+    /// Explicit cache folder (Mosaic's `local`). Else `<cache_root>/<run_id>/<node_rank>/` when a
+    /// root is given, else `SHARDSTREAM_CACHE_DIR` as is (the folder `shardstream run` or the pod's
+    /// volume keyed), else `<SHARDSTREAM_CACHE_ROOT or the default root>/<run_id>/<node_rank>/`.
     pub local: Option<PathBuf>,
-    /// Cache root; else `SHARDSTREAM_CACHE_ROOT`, else `<temp dir>/shardstream-cache`.
+    /// Cache root; see `local` (default root: `$XDG_CACHE_HOME/shardstream`,
+    /// `$HOME/.cache/shardstream`, else `/tmp/shardstream-cache`).
     pub cache_root: Option<PathBuf>,
     /// Run id; else resolved as DESIGN §4 says (`SHARDSTREAM_RUN_ID`, job names,
     /// `TORCHELASTIC_RUN_ID`), else an error.
@@ -507,13 +512,6 @@ fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
     if let Some(local) = &config.local {
         return Ok(local.clone());
     }
-    let root = match &config.cache_root {
-        Some(r) => r.clone(),
-        None => match std::env::var_os("SHARDSTREAM_CACHE_ROOT").filter(|v| !v.is_empty()) {
-            Some(r) => PathBuf::from(r),
-            None => std::env::temp_dir().join("shardstream-cache"),
-        },
-    };
     let node_rank = match config.node_rank {
         Some(r) => Some(u32::try_from(r).map_err(|_| StreamerError::InvalidConfig {
             setting: "node_rank",
@@ -529,6 +527,18 @@ fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
         setting: "run_id / node_rank",
         reason: e.to_string(),
     })?;
+    // The same precedence as `shardstream run` (docs/deploy.md): an explicit root, else the
+    // folder the pod was given (`SHARDSTREAM_CACHE_DIR`, already keyed by run and node through
+    // the volume's subPathExpr or a parent `shardstream run`), else the default root.
+    if config.cache_root.is_none() {
+        if let Some(dir) = os_env(CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
+            return Ok(PathBuf::from(dir));
+        }
+    }
+    let root = match &config.cache_root {
+        Some(root) => root.clone(),
+        None => default_cache_root(&os_env),
+    };
     Ok(node_dir(&root, &resolved.run_id, resolved.node_rank)?)
 }
 
