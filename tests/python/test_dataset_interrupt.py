@@ -17,7 +17,8 @@ from conftest import MotoServer, write_ids
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import faulthandler, sys
+    faulthandler.dump_traceback_later(12, exit=True)  # a hang shows where it is
     import shardstream
     ds = shardstream.StreamingDataset(remote=sys.argv[1])
     print("open", flush=True)
