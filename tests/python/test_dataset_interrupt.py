@@ -20,7 +20,9 @@ SCRIPT = textwrap.dedent(
     import faulthandler, sys
     faulthandler.dump_traceback_later(12, exit=True)  # a hang shows where it is
     import shardstream
+    from shardstream._world import placement
     ds = shardstream.StreamingDataset(remote=sys.argv[1])
+    placement()  # imports torch.distributed now: a SIGINT must land in the wait, not an import
     print("open", flush=True)
     sys.stdin.readline()
     try:
