@@ -47,10 +47,13 @@ class Report:
                 return r
         return None
 
-    def _best_peer(self, section: str, profile: str, config: str) -> Row | None:
+    def _best_peer(self, section: str, profile: str, config: str, local: bool | None = None) -> Row | None:
+        """The fastest peer in the same configuration (for checkpoints: on the same medium, local
+        disk or the S3 server, when `local` is given)."""
         config = config.replace("2 processes --num-workers 2", "DataLoader 2 workers")  # the CLI's rows
         peers = [r for r in self.rows if r.section == section and r.kind == "peer" and r.profile == profile
-                 and r.config == config and r.check == "ok" and r.mb_per_s]
+                 and r.config == config and r.check == "ok" and r.mb_per_s
+                 and (local is None or ("local" in r.system) == local)]
         return max(peers, key=lambda r: r.mb_per_s["median"], default=None)
 
     # --- markdown -------------------------------------------------------------------------------------
@@ -149,7 +152,9 @@ class Report:
              "empty cache; warm: the same mount read again. Peak memory is the mount daemon's. ÷ceiling: page-cache "
              "read (warm) or raw parallel GET (cold) of the same files."),
             ("checkpoint", "Checkpoints (torch.distributed.checkpoint save and load)", "One state dict of 8 float32 "
-             "tensors, one process. Load is checked tensor by tensor. Peak memory is the process's."),
+             "tensors, one process (every system in one child process, one after the other). Load is checked tensor by "
+             "tensor. Peak memory is the process's. ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
+             "disk); ÷best peer: against peers on the same medium."),
         ):
             rows = [r for r in self.rows if r.section == section]
             if not rows:
@@ -163,7 +168,10 @@ class Report:
                 else:
                     ceil = next((c for c in rows if c.kind == "ceiling" and c.config == r.config
                                  and ("local" in c.system) == ("local" in r.system)), None)
-                peer = self._best_peer(section, r.profile, r.config)
+                peer = None
+                if r.kind != "ceiling":
+                    peer = self._best_peer(section, r.profile, r.config,
+                                           ("local" in r.system) if section == "checkpoint" else None)
                 out.append(f"| {r.system} | {r.profile} | {r.config} | {cell(r.mb_per_s)} | {cell(r.peak_mem, MIB)} | "
                            f"{cell(r.amplification, digits=2)} | "
                            f"{ratio(med(r.mb_per_s), med(ceil.mb_per_s) if ceil and ceil is not r else None)} | "
