@@ -7,6 +7,11 @@ command -v python3 >/dev/null || need+=(python3 python3-venv)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 # FUSE mounts in the tests (fusermount3, /etc/fuse.conf for allow_other).
 command -v fusermount3 >/dev/null || need+=(fuse3)
+# The FUSE peers the benchmark compares against (benches/run.py, also its CI smoke run), and curl,
+# which WebDataset reads URLs through.
+command -v rclone >/dev/null || need+=(rclone)
+command -v s3fs >/dev/null || need+=(s3fs)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
