@@ -23,11 +23,13 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test"
-cargo test --workspace --locked --no-fail-fast
-
+# Before cargo test: some Rust integration tests (cli/tests/run_restart.rs) run Python training
+# scripts that import the binding.
 step "python binding (maturin develop into .venv)"
 (cd pyo3-bindings && "$root/.venv/bin/maturin" develop --profile dev --quiet)
+
+step "cargo test"
+cargo test --workspace --locked --no-fail-fast
 
 step "pytest"
 export SHARDSTREAM_BIN="$root/target/debug/shardstream"
