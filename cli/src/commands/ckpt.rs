@@ -343,15 +343,7 @@ async fn fetch_file(
 ) -> anyhow::Result<u64> {
     use tokio::io::AsyncWriteExt;
 
-    if let Some(dir) = dest.parent() {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = tmp_name(dest);
-    let mut out = tokio::fs::File::create(&tmp)
-        .await
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let (tmp, mut out) = create_partial(dest).await?;
     // Whole parts per read (or the whole file when it has none), so every byte is checked.
     let step = match DOWNLOAD_CHUNK.checked_div(rec.part_size) {
         Some(parts) => parts.max(1) * rec.part_size,
@@ -372,38 +364,44 @@ async fn fetch_file(
         }
         off = end;
     }
-    out.sync_all()
-        .await
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(out);
-    tokio::fs::rename(&tmp, dest)
-        .await
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
+    publish_partial(out, &tmp, dest).await?;
     Ok(rec.size)
 }
 
 async fn write_atomically(dest: &FsPath, chunks: &[bytes::Bytes]) -> anyhow::Result<()> {
     use tokio::io::AsyncWriteExt;
 
+    let (tmp, mut out) = create_partial(dest).await?;
+    for c in chunks {
+        out.write_all(c)
+            .await
+            .with_context(|| format!("writing {}", tmp.display()))?;
+    }
+    publish_partial(out, &tmp, dest).await
+}
+
+/// Creates `dest`'s folder and its `.partial` file, which [`publish_partial`] renames into place:
+/// a download that stops half-way never leaves a file that looks complete.
+async fn create_partial(dest: &FsPath) -> anyhow::Result<(PathBuf, tokio::fs::File)> {
     if let Some(dir) = dest.parent() {
         tokio::fs::create_dir_all(dir)
             .await
             .with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = tmp_name(dest);
-    let mut out = tokio::fs::File::create(&tmp)
+    let out = tokio::fs::File::create(&tmp)
         .await
         .with_context(|| format!("creating {}", tmp.display()))?;
-    for c in chunks {
-        out.write_all(c)
-            .await
-            .with_context(|| format!("writing {}", tmp.display()))?;
-    }
+    Ok((tmp, out))
+}
+
+/// Syncs the `.partial` file and renames it to `dest`.
+async fn publish_partial(out: tokio::fs::File, tmp: &FsPath, dest: &FsPath) -> anyhow::Result<()> {
     out.sync_all()
         .await
         .with_context(|| format!("writing {}", tmp.display()))?;
     drop(out);
-    tokio::fs::rename(&tmp, dest)
+    tokio::fs::rename(tmp, dest)
         .await
         .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))
 }
