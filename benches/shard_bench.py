@@ -171,9 +171,13 @@ def main() -> None:
 
         lit_out = work / f"litdata-{kind}"
         code = LITDATA_FILES if kind == "files" else LITDATA_JSONL
+        # litdata's workers are spawned and re-import `__main__` by path to find `fn`, which a
+        # `python -c` program does not have: run the program from a file.
+        lit_script = work / f"litdata_{kind}.py"
+        lit_script.write_text(code)
         def run_lit():
             shutil.rmtree(lit_out, ignore_errors=True)
-            sh([str(PY), "-c", code, str(src), str(lit_out), str(cores)], args.timeout)
+            sh([str(PY), str(lit_script), str(src), str(lit_out), str(cores)], args.timeout)
         st = timed(run_lit, args.runs)
         lit_index = json.loads((lit_out / "index.json").read_text())
         lit_n = sum(c["chunk_size"] for c in lit_index["chunks"])
