@@ -10,7 +10,8 @@
 use std::ops::Range;
 use std::path::Path;
 
-use super::{clamp, Columns, Input, InputFormat, SampleIter};
+use super::blocks::BlockStarts;
+use super::{Columns, Input, InputFormat, SampleIter};
 use crate::error::{FormatError, Result};
 use crate::litdata::{ItemLoader, LeafFormat, LitDataOptions, LitDataReader};
 
@@ -18,7 +19,7 @@ use crate::litdata::{ItemLoader, LeafFormat, LitDataOptions, LitDataReader};
 #[derive(Debug)]
 pub struct LitDataInput {
     reader: LitDataReader,
-    starts: Vec<u64>,
+    starts: BlockStarts,
     columns: Columns,
 }
 
@@ -72,24 +73,12 @@ impl LitDataInput {
             })?;
             columns.insert(name.clone(), encoding.to_string());
         }
-        let mut starts = Vec::with_capacity(index.chunks.len() + 1);
-        let mut total = 0u64;
-        for chunk in &index.chunks {
-            starts.push(total);
-            total += chunk.chunk_size;
-        }
-        starts.push(total);
+        let starts = BlockStarts::from_counts(index.chunks.iter().map(|chunk| chunk.chunk_size));
         Ok(LitDataInput {
             reader,
             starts,
             columns,
         })
-    }
-
-    fn chunk_of(&self, item: u64) -> usize {
-        self.starts
-            .partition_point(|&s| s <= item)
-            .saturating_sub(1)
     }
 }
 
@@ -103,52 +92,19 @@ impl Input for LitDataInput {
     }
 
     fn len(&self) -> u64 {
-        self.starts.last().copied().unwrap_or(0)
+        self.starts.len()
     }
 
     fn block_end(&self, start: u64) -> u64 {
-        self.starts
-            .get(self.chunk_of(start) + 1)
-            .copied()
-            .unwrap_or_else(|| self.len())
+        self.starts.block_end(start)
     }
 
     fn read(&self, range: Range<u64>) -> Result<SampleIter<'_>> {
-        let range = clamp(range, self.len());
-        let chunks = self.starts.len().saturating_sub(1);
-        let mut parts: Vec<SampleIter<'_>> = Vec::new();
-        for chunk in self.chunk_of(range.start)..chunks {
-            let (first, end) = (self.starts[chunk], self.starts[chunk + 1]);
-            if first >= range.end {
-                break;
-            }
-            if first == end {
-                continue;
-            }
-            let from = (range.start.max(first) - first) as usize;
-            let to = (range.end.min(end) - first) as usize;
-            let mut loaded = None;
-            let mut next = from;
-            let mut failed = false;
-            parts.push(Box::new(std::iter::from_fn(move || {
-                if failed || next >= to {
-                    return None;
-                }
-                if loaded.is_none() {
-                    match self.reader.read_chunk(chunk) {
-                        Ok(c) => loaded = Some(c),
-                        Err(e) => {
-                            failed = true;
-                            return Some(Err(e));
-                        }
-                    }
-                }
-                let sample = loaded.as_ref()?.sample(next);
-                next += 1;
-                failed = sample.is_err();
-                Some(sample)
-            })));
-        }
-        Ok(Box::new(parts.into_iter().flatten()))
+        let reader = &self.reader;
+        Ok(self.starts.read(
+            range,
+            move |chunk| reader.read_chunk(chunk),
+            |loaded, i| loaded.sample(i),
+        ))
     }
 }

@@ -5,7 +5,8 @@
 use std::ops::Range;
 use std::path::Path;
 
-use super::{clamp, Columns, Input, InputFormat, SampleIter};
+use super::blocks::BlockStarts;
+use super::{Columns, Input, InputFormat, SampleIter};
 use crate::error::{FormatError, Result};
 use crate::mds::{DatasetOptions, MdsDataset};
 
@@ -13,8 +14,8 @@ use crate::mds::{DatasetOptions, MdsDataset};
 #[derive(Debug)]
 pub struct MdsInput {
     dataset: MdsDataset,
-    /// Index of the first sample of each shard, then the total.
-    starts: Vec<u64>,
+    /// Where each shard starts.
+    starts: BlockStarts,
     columns: Columns,
 }
 
@@ -40,8 +41,6 @@ impl MdsInput {
             .cloned()
             .zip(first.column_encodings.iter().cloned())
             .collect();
-        let mut starts = Vec::with_capacity(shards.len() + 1);
-        let mut total = 0u64;
         for (i, shard) in shards.iter().enumerate() {
             if shard.column_names != first.column_names
                 || shard.column_encodings != first.column_encodings
@@ -53,22 +52,13 @@ impl MdsInput {
                     ),
                 ));
             }
-            starts.push(total);
-            total += shard.samples;
         }
-        starts.push(total);
+        let starts = BlockStarts::from_counts(shards.iter().map(|shard| shard.samples));
         Ok(MdsInput {
             dataset,
             starts,
             columns,
         })
-    }
-
-    fn shard_of(&self, item: u64) -> usize {
-        // The last shard whose first sample is <= item (empty shards are skipped over).
-        self.starts
-            .partition_point(|&s| s <= item)
-            .saturating_sub(1)
     }
 }
 
@@ -82,52 +72,19 @@ impl Input for MdsInput {
     }
 
     fn len(&self) -> u64 {
-        self.starts.last().copied().unwrap_or(0)
+        self.starts.len()
     }
 
     fn block_end(&self, start: u64) -> u64 {
-        self.starts
-            .get(self.shard_of(start) + 1)
-            .copied()
-            .unwrap_or_else(|| self.len())
+        self.starts.block_end(start)
     }
 
     fn read(&self, range: Range<u64>) -> Result<SampleIter<'_>> {
-        let range = clamp(range, self.len());
-        let shards = self.starts.len().saturating_sub(1);
-        let mut parts: Vec<SampleIter<'_>> = Vec::new();
-        for shard in self.shard_of(range.start)..shards {
-            let (first, end) = (self.starts[shard], self.starts[shard + 1]);
-            if first >= range.end {
-                break;
-            }
-            if first == end {
-                continue;
-            }
-            let from = (range.start.max(first) - first) as usize;
-            let to = (range.end.min(end) - first) as usize;
-            let mut reader = None;
-            let mut next = from;
-            let mut failed = false;
-            parts.push(Box::new(std::iter::from_fn(move || {
-                if failed || next >= to {
-                    return None;
-                }
-                if reader.is_none() {
-                    match self.dataset.open_shard(shard) {
-                        Ok(r) => reader = Some(r),
-                        Err(e) => {
-                            failed = true;
-                            return Some(Err(e));
-                        }
-                    }
-                }
-                let sample = reader.as_ref()?.decode_sample(next);
-                next += 1;
-                failed = sample.is_err();
-                Some(sample)
-            })));
-        }
-        Ok(Box::new(parts.into_iter().flatten()))
+        let dataset = &self.dataset;
+        Ok(self.starts.read(
+            range,
+            move |shard| dataset.open_shard(shard),
+            |loaded, i| loaded.decode_sample(i),
+        ))
     }
 }

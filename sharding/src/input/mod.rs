@@ -34,6 +34,7 @@ use std::str::FromStr;
 use crate::error::{FormatError, Result};
 use crate::value::Sample;
 
+mod blocks;
 pub mod columns;
 pub mod detect;
 pub mod files;
