@@ -205,9 +205,7 @@ impl NativeDataset {
         epoch: u64,
     ) -> PyResult<u64> {
         let config = order_config(seed, shuffle, window, lanes, remainder)?;
-        let order = py
-            .detach(|| EpochOrder::new(self.ds.shape(), &config, epoch))
-            .map_err(from_streamer)?;
+        let order = self.epoch_order(py, &config, epoch)?;
         Ok(order.global_len())
     }
 
@@ -226,9 +224,7 @@ impl NativeDataset {
         consumed: u64,
     ) -> PyResult<String> {
         let config = order_config(seed, shuffle, window, lanes, remainder)?;
-        let order = py
-            .detach(|| EpochOrder::new(self.ds.shape(), &config, epoch))
-            .map_err(from_streamer)?;
+        let order = self.epoch_order(py, &config, epoch)?;
         serde_json::to_string(&StreamState::new(&order, consumed))
             .map_err(|e| PyValueError::new_err(format!("cannot serialise the stream state: {e}")))
     }
@@ -384,6 +380,17 @@ impl NativeDataset {
 }
 
 impl NativeDataset {
+    /// The order of `epoch` (built without the GIL: O(shards) work).
+    fn epoch_order(
+        &self,
+        py: Python<'_>,
+        config: &OrderConfig,
+        epoch: u64,
+    ) -> PyResult<EpochOrder> {
+        py.detach(|| EpochOrder::new(self.ds.shape(), config, epoch))
+            .map_err(from_streamer)
+    }
+
     fn first_of(&self, shard: usize) -> u64 {
         // shard_of is monotone in the sample id: binary search for the shard's first sample.
         let (mut lo, mut hi) = (0u64, self.ds.num_samples());
