@@ -123,21 +123,20 @@ fn sigkill_mid_download_then_restart_on_the_same_cache() {
     let mut victim = spawn(TEST_KILL, &first);
     let tmp = cache.path().join("run/0/tmp");
     let deadline = Instant::now() + Duration::from_secs(60);
-    // Wait for the download's temp file (sized up front), then let it run half a second: at
-    // 1 MiB/s that is an eighth of the shard.
+    // Wait until the download's temp file (sized up front, so its length says nothing) holds
+    // real data: at least 256 KiB of allocated blocks, far from the 4 MiB of a whole shard at
+    // 1 MiB/s, so the kill surely lands mid-download.
     loop {
-        let started = std::fs::read_dir(&tmp).is_ok_and(|mut d| d.next().is_some());
-        if started {
+        if allocated_in(&tmp) >= 256 << 10 {
             break;
         }
-        assert!(Instant::now() < deadline, "no download started");
+        assert!(Instant::now() < deadline, "no download got under way");
         assert!(
             victim.try_wait().unwrap().is_none(),
             "the victim exited early"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(500));
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
     assert!(
@@ -165,3 +164,16 @@ fn sigkill_mid_download_then_restart_on_the_same_cache() {
     );
 }
 const TEST_KILL: &str = "sigkill_mid_download_then_restart_on_the_same_cache";
+
+/// Bytes of disk actually allocated to the files in `dir` (0 while it does not exist).
+fn allocated_in(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.blocks() * 512)
+                .sum()
+        })
+        .unwrap_or(0)
+}
