@@ -26,6 +26,9 @@ use crate::resolve::CACHE_ROOT_ENV;
 /// How often the launcher looks for the ready file or the mount process's exit.
 const POLL: Duration = Duration::from_millis(20);
 
+/// glibc's cap on malloc arenas, set for the mount process unless the caller chose one.
+const MALLOC_ARENA_MAX: &str = "MALLOC_ARENA_MAX";
+
 /// How long [`Mount`]'s drop waits for the mount process after `SIGTERM`.
 const DROP_WAIT: Duration = Duration::from_secs(5);
 
@@ -115,6 +118,14 @@ pub fn start_mount(
         // The exported SHARDSTREAM_CACHE_DIR is the node's folder; a root would compete with it.
         .env_remove(CACHE_ROOT_ENV)
         .stdin(Stdio::null());
+    if std::env::var_os(MALLOC_ARENA_MAX).is_none()
+        && !env.iter().any(|(k, _)| *k == MALLOC_ARENA_MAX)
+    {
+        // glibc reads this only at start: without it each of the mount's serving threads gets
+        // an arena of its own, and freed read buffers stay resident in each, so the daemon's RSS
+        // grows with its thread count rather than with its byte budget.
+        cmd.env(MALLOC_ARENA_MAX, "2");
+    }
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = cmd.spawn().map_err(|source| LauncherError::Spawn {
         program: format!("{} mount", program.display()),
@@ -378,7 +389,7 @@ mod tests {
             dir.path(),
             &format!(
                 "trap 'echo term >> {log}; exit 0' TERM\n\
-                 echo \"$1 $2 $3 $4 $5 $SHARDSTREAM_RUN_ID ${{SHARDSTREAM_CACHE_ROOT:-noroot}}\" > {log}\n\
+                 echo \"$1 $2 $3 $4 $5 $SHARDSTREAM_RUN_ID ${{SHARDSTREAM_CACHE_ROOT:-noroot}} arenas=${{MALLOC_ARENA_MAX:-unset}}\" > {log}\n\
                  touch \"$6\"\n\
                  i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 99",
                 log = log.display()
@@ -396,8 +407,9 @@ mod tests {
         assert_eq!(
             first.trim(),
             format!(
-                "mount s3://b/ds {} --foreground --ready-file r1 noroot",
-                spec.mountpoint.display()
+                "mount s3://b/ds {} --foreground --ready-file r1 noroot arenas={}",
+                spec.mountpoint.display(),
+                std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into())
             )
         );
         mount
