@@ -61,6 +61,9 @@ JOB = textwrap.dedent(
                    "local_world": int(os.environ["LOCAL_WORLD_SIZE"]),
                    "node": int(os.environ["GROUP_RANK"])}}, f)
     dist.destroy_process_group()
+    # Skip interpreter teardown (gloo threads can std::terminate at exit; see ckpt_helpers.py).
+    sys.stdout.flush()
+    os._exit(0)
     """
 ).format(batch=BATCH)
 
