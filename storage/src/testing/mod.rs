@@ -34,12 +34,14 @@
 
 mod counting;
 mod failing;
+mod gate;
 mod moto;
 mod proxy;
 mod slow;
 
 pub use counting::{CountingStore, Counts};
 pub use failing::{FailRule, FailingStore, Fault};
+pub use gate::{GateCounts, GateStore};
 pub use moto::{free_port, options_for, test_env, MotoServer, MOTO_ENV};
 pub use proxy::FaultProxy;
 pub use slow::SlowStore;
