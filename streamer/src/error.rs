@@ -158,6 +158,15 @@ pub enum StreamerError {
         #[source]
         source: std::io::Error,
     },
+    /// A shard that was being served while it downloaded could not be completed (the download
+    /// failed after its retries); raised to the readers that were waiting for its bytes.
+    #[error("fetching {what} failed: {reason}")]
+    FetchFailed {
+        /// The shard (URL or path).
+        what: String,
+        /// The download's error.
+        reason: String,
+    },
     /// The fetch engine's runtime could not start or a background task died.
     #[error("fetch engine: {0}")]
     Engine(String),

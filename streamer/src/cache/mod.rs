@@ -240,6 +240,23 @@ impl Cache {
         }
     }
 
+    /// Checks a local file read in place against `hash` (the caller decides how often; see
+    /// [`Cache::acquire_local`] for the size check).
+    pub fn verify_local(&self, src: &Path, hash: &ExpectedHash) -> Result<()> {
+        let digest = entry::hash_file(src, hash.algorithm)?;
+        let size = fs::metadata(src).map_err(io_err("stat", src))?.len();
+        self.inner.metrics.add_hashed(size);
+        if !digest.eq_ignore_ascii_case(&hash.hex) {
+            return Err(CacheError::HashMismatch {
+                key: src.display().to_string(),
+                algorithm: hash.algorithm.name().to_string(),
+                expected: hash.hex.clone(),
+                actual: digest,
+            });
+        }
+        Ok(())
+    }
+
     /// Starts an acquire: a [`Begin::Hit`] when the shard is cached (and checked), else a
     /// [`Begin::Fetch`] that makes the caller the node's fetcher. Blocks (up to
     /// [`CacheConfig::lock_wait`]) while another process fetches or checks the shard, and (up

@@ -2,6 +2,11 @@
 //! engine holds (a ranged-GET chunk on its way to the cache file, a decompression buffer, a read
 //! of samples waiting for the consumer) takes its size in permits first and gives them back when
 //! it is dropped, so the bytes held at once never exceed the limit.
+//!
+//! Downloads hold at most `limit - read reserve` of it ([`Budget::acquire_fetch`]): the reserve
+//! ([`read_reserve`]) is left for the consumer's reads, so a first sample is never queued behind
+//! every chunk the prefetch has asked for, and a read never waits on a server that is slow to
+//! answer requests of other bytes.
 
 use std::sync::Arc;
 
@@ -13,13 +18,23 @@ use crate::error::{Result, StreamerError};
 #[derive(Debug)]
 pub(crate) struct Lease {
     _permit: Option<OwnedSemaphorePermit>,
+    /// A download's share of the fetch allowance.
+    _fetch: Option<OwnedSemaphorePermit>,
 }
 
 /// The shared byte budget.
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
     sem: Arc<Semaphore>,
+    /// The part downloads may hold: `limit - read_reserve(limit)`.
+    fetch: Arc<Semaphore>,
     limit: u64,
+}
+
+/// Bytes of a budget of `limit` kept for the consumer's reads: a quarter, at most 4 MiB (four
+/// runs of `stream::RUN_BYTES`).
+pub(crate) fn read_reserve(limit: u64) -> u64 {
+    (limit / 4).min(4 << 20)
 }
 
 /// The largest single request a tokio semaphore takes at once.
@@ -28,8 +43,10 @@ const MAX_ONE_ACQUIRE: u64 = u32::MAX as u64;
 impl Budget {
     pub(crate) fn new(limit: u64) -> Budget {
         let limit = limit.clamp(1, Semaphore::MAX_PERMITS as u64);
+        let fetch = (limit - read_reserve(limit)).max(1);
         Budget {
             sem: Arc::new(Semaphore::new(limit as usize)),
+            fetch: Arc::new(Semaphore::new(fetch as usize)),
             limit,
         }
     }
@@ -65,7 +82,10 @@ impl Budget {
     ) -> Result<Lease> {
         let n = self.check(what, bytes)?;
         if n == 0 {
-            return Ok(Lease { _permit: None });
+            return Ok(Lease {
+                _permit: None,
+                _fetch: None,
+            });
         }
         let permit = Arc::clone(&self.sem)
             .acquire_many_owned(n)
@@ -73,7 +93,37 @@ impl Budget {
             .map_err(|_| StreamerError::Engine("memory budget closed".into()))?;
         Ok(Lease {
             _permit: Some(permit),
+            _fetch: None,
         })
+    }
+
+    /// [`Budget::acquire`] for a download's buffer: also inside the fetch allowance, so that
+    /// the read reserve stays free for the consumer. A chunk larger than the allowance is
+    /// charged the whole allowance.
+    pub(crate) async fn acquire_fetch(
+        &self,
+        what: &(dyn Fn() -> String + Sync),
+        bytes: u64,
+    ) -> Result<Lease> {
+        let n = self.check(what, bytes)?;
+        let share = u64::from(n).min(self.fetch_limit()) as u32;
+        let fetch = match share {
+            0 => None,
+            share => Some(
+                Arc::clone(&self.fetch)
+                    .acquire_many_owned(share)
+                    .await
+                    .map_err(|_| StreamerError::Engine("memory budget closed".into()))?,
+            ),
+        };
+        let mut lease = self.acquire(what, bytes).await?;
+        lease._fetch = fetch;
+        Ok(lease)
+    }
+
+    /// Bytes downloads may hold at once.
+    fn fetch_limit(&self) -> u64 {
+        (self.limit - read_reserve(self.limit)).max(1)
     }
 
     /// [`Budget::acquire`] for a plain thread (the consumer's).
@@ -84,11 +134,15 @@ impl Budget {
     ) -> Result<Lease> {
         let n = self.check(what, bytes)?;
         if n == 0 {
-            return Ok(Lease { _permit: None });
+            return Ok(Lease {
+                _permit: None,
+                _fetch: None,
+            });
         }
         if let Ok(permit) = Arc::clone(&self.sem).try_acquire_many_owned(n) {
             return Ok(Lease {
                 _permit: Some(permit),
+                _fetch: None,
             });
         }
         futures::executor::block_on(self.acquire(what, bytes))
@@ -108,6 +162,19 @@ mod tests {
         assert!(Arc::clone(&budget.sem).try_acquire_many_owned(50).is_err());
         drop(a);
         assert_eq!(budget.in_use(), 0);
+        // Downloads leave the read reserve free.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let big = Budget::new(16 << 20);
+        let chunks: Vec<Lease> = (0..3)
+            .map(|_| rt.block_on(big.acquire_fetch(&what, 4 << 20)).unwrap())
+            .collect();
+        assert_eq!(big.in_use(), 12 << 20);
+        assert!(Arc::clone(&big.fetch).try_acquire_many_owned(1).is_err());
+        let read = big.acquire_blocking(&what, read_reserve(16 << 20)).unwrap();
+        assert_eq!(big.in_use(), 16 << 20);
+        drop((chunks, read));
         let err = budget.acquire_blocking(&what, 101).unwrap_err();
         assert!(matches!(
             err,

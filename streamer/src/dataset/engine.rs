@@ -5,53 +5,65 @@
 //!   `fork` (Python DataLoader workers) builds new ones in the child on first use. The parent's
 //!   copies are leaked in the child, never dropped there: dropping them would join threads that
 //!   do not exist in the child and unlock the parent's `flock`s, which the child shares.
-//! - A download is a series of ranged GETs of `chunk` bytes, `concurrency` at a time, each chunk
-//!   taking its size from the memory budget before its request is sent and giving it back once
-//!   its bytes are written (`pwrite`) at their offset of the cache's temp file. So a shard of
-//!   any size costs at most `concurrency x chunk` bytes of RAM, and never more than the budget.
-//! - Compressed shards (zstd, gzip) are decompressed as a stream from the cached compressed file
-//!   into the decompressed entry's temp file; other algorithms decompress in memory, charged to
-//!   the budget.
-//! - Transient storage failures are retried with backoff for up to [`RETRY_WINDOW`]; a download
-//!   whose size or hash is wrong is retried [`DAMAGED_ATTEMPTS`] times, then reported naming the
-//!   shard.
+//! - A shard is fetched ([`super::fetch`]) into the cache's temp file and decompressed
+//!   ([`super::decode`]) if it is stored compressed. When the index records no hash to check
+//!   (`validate_hash` off, the default), the shard is served while it arrives: [`open_shard`]
+//!   returns once its header and offset table are on disk, a background task finishes the
+//!   download and commits the file, and each read waits for the bytes it needs
+//!   ([`super::growing`]). With `validate_hash` on, a shard is served only after its hash was
+//!   checked, so never before it has fully arrived. Other processes of the node wait for the
+//!   complete file on the shard's fetch lock.
+//! - Transient storage failures are retried inside one window ([`super::fetch::Outage`],
+//!   `StreamingConfig::retry_window`); a download whose size or hash is wrong is retried
+//!   [`DAMAGED_ATTEMPTS`] times, then reported naming the shard.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
 use shardstream_sharding::compression::Algorithm;
 use shardstream_storage::Location;
 use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
-use super::budget::Budget;
+use super::decode::{self, decompress, read_head};
+use super::fetch::{download, Outage};
+use super::growing::{self, Growing, Landing, Publisher};
 use super::metrics::Metrics;
 use super::shard::ShardHandle;
 use super::Inner;
-use crate::cache::{Begin, Cache, CacheConfig, CacheError, ExpectedHash, ShardLease, ShardSpec};
+use crate::cache::{
+    Begin, Cache, CacheConfig, CacheError, ExpectedHash, FetchGuard, ShardLease, ShardSpec,
+};
 use crate::error::{Result, StreamerError};
 
-/// How long transient storage failures of one shard are retried before the error is returned.
-pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(120);
 /// Attempts at a shard whose download had the wrong size or hash.
 pub(crate) const DAMAGED_ATTEMPTS: u32 = 3;
-/// Bytes charged to the budget for a streaming decompressor's buffers and window.
-const DECODER_BYTES: u64 = 4 << 20;
 
 /// What one process needs to fetch: its runtime, its cache handle, and its storage clients.
 #[derive(Debug)]
 pub(crate) struct ProcState {
     pub pid: u32,
-    pub rt: Runtime,
+    /// `None` only while being dropped.
+    rt: Option<Runtime>,
     pub cache: Cache,
     /// One per stream. Opened again in each process when the dataset was opened by URL: an
     /// HTTP connection pool inherited through fork holds the parent's sockets and tasks.
     pub locations: Vec<Location>,
+    /// Shards this process is downloading while serving them, by shard number: a second
+    /// opener in this process joins the download instead of waiting on its fetch lock.
+    inflight: Mutex<HashMap<usize, InFlight>>,
+}
+
+/// A shard being served while it downloads (see [`ProcState::inflight`]).
+#[derive(Debug, Clone)]
+struct InFlight {
+    file: Arc<File>,
+    tmp: PathBuf,
+    growing: Growing,
+    landing: Arc<Landing>,
 }
 
 /// The per-process state slot of a dataset.
@@ -104,9 +116,10 @@ impl ProcSlot {
         let locations = locations()?;
         let state = Arc::new(ProcState {
             pid,
-            rt,
+            rt: Some(rt),
             cache,
             locations,
+            inflight: Mutex::default(),
         });
         *slot = Some(Arc::clone(&state));
         Ok(state)
@@ -114,14 +127,45 @@ impl ProcSlot {
 }
 
 impl ProcState {
+    /// Starts `fut` on the engine's runtime.
+    pub(crate) fn spawn<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        match &self.rt {
+            Some(rt) => rt.spawn(fut),
+            // Unreachable: the runtime is only taken out in `drop`.
+            None => tokio::spawn(fut),
+        }
+    }
+
     /// Runs `fut` on the engine's runtime and waits for it from a plain thread.
     pub(crate) fn block_on<T: Send + 'static>(
         &self,
         fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        let task = self.rt.spawn(fut);
+        let task = self.spawn(fut);
         futures::executor::block_on(task)
             .map_err(|e| StreamerError::Engine(format!("fetch task failed: {e}")))?
+    }
+}
+
+impl ProcState {
+    /// The download of `shard` this process runs now, if any.
+    fn joinable(&self, shard: usize) -> Option<InFlight> {
+        self.inflight.lock().ok()?.get(&shard).cloned()
+    }
+}
+
+impl Drop for ProcState {
+    fn drop(&mut self) {
+        // The last reference may be dropped by one of the runtime's own tasks (a background
+        // download that outlived its dataset), where a blocking shutdown would panic.
+        if let Some(rt) = self.rt.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            }
+        }
     }
 }
 
@@ -166,13 +210,15 @@ pub(crate) async fn open_shard(
             index: shard as u64,
             len: ds.shards.len() as u64,
         })?;
-    let start = Instant::now();
+    let outage = Arc::new(Outage::new(ds.retry_window()));
     let mut damaged = 0u32;
     let mut backoff = Duration::from_millis(200);
     loop {
-        match try_open(&ds, &ps, shard, &src).await {
+        match try_open(&ds, &ps, shard, &src, &outage).await {
             Ok(handle) => return Ok(handle),
-            Err(e) if e.is_transient() && start.elapsed() < RETRY_WINDOW => {
+            // The ranged GETs retried already, under the same window: this only catches
+            // failures outside them, and never restarts the window.
+            Err(e) if e.is_transient() && !outage.expired() => {
                 warn!(shard = %src.name, error = %e, "fetch failed; retrying");
             }
             Err(e) if is_damaged(&e) => {
@@ -236,18 +282,22 @@ async fn try_open(
     ps: &Arc<ProcState>,
     shard: usize,
     src: &ShardSource,
+    outage: &Arc<Outage>,
 ) -> Result<ShardHandle> {
+    if let Some(job) = ps.joinable(shard) {
+        return open_growing(src, shard, job).await;
+    }
+    // With a hash to check, nothing is served before the check (at commit).
+    let growable = src.stored_hash.is_none() && src.raw_hash.is_none();
     let lease = match (&src.local_raw, src.algorithm) {
-        (Some(path), _) => {
-            let (cache, path, size, hash) = (
-                ps.cache.clone(),
-                path.clone(),
-                src.raw_size,
-                src.raw_hash.clone(),
-            );
-            blocking(move || Ok(cache.acquire_local(&path, size, hash)?)).await?
-        }
-        (None, None) => acquire_stored(ds, ps, src).await?,
+        (Some(path), _) => local_lease(ds, ps, path, src.raw_size, &src.raw_hash).await?,
+        (None, None) => match begin_stored(ds, ps, src).await? {
+            Begin::Hit(lease) => lease,
+            Begin::Fetch(guard) if growable => {
+                return serve_growing(ds, ps, shard, src, Job::Plain(guard), outage).await;
+            }
+            Begin::Fetch(guard) => fetch_stored(ds, ps, src, guard, None, outage).await?,
+        },
         (None, Some(algorithm)) => {
             let spec = ShardSpec {
                 key: format!("{}#raw", src.name),
@@ -256,24 +306,11 @@ async fn try_open(
             };
             match begin(ps, spec).await? {
                 Begin::Hit(lease) => lease,
-                Begin::Fetch(guard) => {
-                    let stored = acquire_stored(ds, ps, src).await?;
-                    let tmp = guard.tmp_path().to_path_buf();
-                    let what = src.name.clone();
-                    let raw_size = src.raw_size;
-                    let budget = ds.budget.clone();
-                    let result = blocking(move || {
-                        decompress(algorithm, stored.path(), &tmp, raw_size, &what, &budget)
-                    })
-                    .await;
-                    match result {
-                        Ok(()) => blocking(move || Ok(guard.commit()?)).await?,
-                        Err(e) => {
-                            drop(guard);
-                            return Err(e);
-                        }
-                    }
+                Begin::Fetch(raw) if growable => {
+                    let job = Job::Decompress { raw, algorithm };
+                    return serve_growing(ds, ps, shard, src, job, outage).await;
                 }
+                Begin::Fetch(raw) => fill_raw(ds, ps, src, raw, algorithm, None, outage).await?,
             }
         }
     };
@@ -282,197 +319,235 @@ async fn try_open(
     blocking(move || ShardHandle::open(shard, name, lease, columns, samples, first)).await
 }
 
+/// What a growing shard's background task does.
+enum Job {
+    /// Download the (uncompressed) stored file into this guard's temp file.
+    Plain(FetchGuard),
+    /// Get the compressed file, then decompress it into this guard's temp file.
+    Decompress {
+        raw: FetchGuard,
+        algorithm: Algorithm,
+    },
+}
+
+/// Starts `job` in the background and returns a handle on its output as soon as the header
+/// and offset table are written; reads wait for the rest (see the module docs).
+async fn serve_growing(
+    ds: &Arc<Inner>,
+    ps: &Arc<ProcState>,
+    shard: usize,
+    src: &ShardSource,
+    job: Job,
+    outage: &Arc<Outage>,
+) -> Result<ShardHandle> {
+    let tmp = match &job {
+        Job::Plain(guard) | Job::Decompress { raw: guard, .. } => guard.tmp_path().to_path_buf(),
+    };
+    // Opened before the task starts: the descriptor outlives the rename at commit.
+    let file = File::open(&tmp).map_err(|source| StreamerError::Io {
+        op: "open download",
+        path: tmp.clone(),
+        source,
+    })?;
+    let (publisher, growing) = growing::channel(Arc::clone(&src.name));
+    let publisher = Arc::new(publisher);
+    let inflight = InFlight {
+        file: Arc::new(file),
+        tmp,
+        growing,
+        landing: Arc::new(Landing::default()),
+    };
+    if let Ok(mut map) = ps.inflight.lock() {
+        map.insert(shard, inflight.clone());
+    }
+    {
+        let (ds, ps, src) = (Arc::clone(ds), Arc::clone(ps), src.clone());
+        let (landing, outage) = (Arc::clone(&inflight.landing), Arc::clone(outage));
+        ps.clone().spawn(async move {
+            let result = match job {
+                Job::Plain(guard) => {
+                    fetch_stored(&ds, &ps, &src, guard, Some(&publisher), &outage).await
+                }
+                Job::Decompress { raw, algorithm } => {
+                    let publisher = Some(Arc::clone(&publisher));
+                    fill_raw(&ds, &ps, &src, raw, algorithm, publisher, &outage).await
+                }
+            };
+            match result {
+                Ok(lease) => {
+                    landing.land(lease);
+                    publisher.done();
+                }
+                Err(e) => {
+                    let e = named(e, &src.name);
+                    warn!(shard = %src.name, error = %e, "fetch of a shard being served failed");
+                    publisher.fail(e.to_string());
+                }
+            }
+            if let Ok(mut map) = ps.inflight.lock() {
+                map.remove(&shard);
+            }
+        });
+    }
+    open_growing(src, shard, inflight).await
+}
+
+/// A handle on a shard this process is downloading.
+async fn open_growing(src: &ShardSource, shard: usize, job: InFlight) -> Result<ShardHandle> {
+    let file = job.file.try_clone().map_err(|source| StreamerError::Io {
+        op: "open download",
+        path: job.tmp.clone(),
+        source,
+    })?;
+    let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
+    let (samples, first, len) = (src.samples, src.first_sample, src.raw_size);
+    blocking(move || {
+        ShardHandle::open_growing(
+            shard,
+            name,
+            (file, job.tmp, len),
+            job.growing,
+            job.landing,
+            columns,
+            samples,
+            first,
+        )
+    })
+    .await
+}
+
+/// Decompresses the stored file (fetched first if needed) into `raw`'s temp file and commits it.
+async fn fill_raw(
+    ds: &Arc<Inner>,
+    ps: &Arc<ProcState>,
+    src: &ShardSource,
+    raw: FetchGuard,
+    algorithm: Algorithm,
+    progress: Option<Arc<Publisher>>,
+    outage: &Arc<Outage>,
+) -> Result<ShardLease> {
+    let stored = match begin_stored(ds, ps, src).await? {
+        Begin::Hit(lease) => lease,
+        Begin::Fetch(guard) => fetch_stored(ds, ps, src, guard, None, outage).await?,
+    };
+    let tmp = raw.tmp_path().to_path_buf();
+    let what = src.name.clone();
+    let (raw_size, stored_size) = (src.raw_size, src.stored_size);
+    let budget = ds.budget.clone();
+    let result = blocking(move || {
+        let path = stored.path();
+        let input = File::open(path).map_err(|source| StreamerError::Io {
+            op: "open",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let head = read_head(&input, path, stored_size)?;
+        let job = decode::Job {
+            algorithm,
+            input: Box::new(input),
+            head: &head,
+            stored_size,
+            dst: &tmp,
+            raw_size,
+            what: &what,
+            progress: progress.as_deref(),
+        };
+        decompress(job, &budget)
+    })
+    .await;
+    match result {
+        Ok(()) => blocking(move || Ok(raw.commit()?)).await,
+        Err(e) => {
+            drop(raw);
+            Err(e)
+        }
+    }
+}
+
 async fn begin(ps: &Arc<ProcState>, spec: ShardSpec) -> Result<Begin> {
     let cache = ps.cache.clone();
     blocking(move || Ok(cache.begin(&spec)?)).await
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| StreamerError::Engine(format!("blocking task failed: {e}")))?
 }
 
-/// The stored file (compressed or not) in the cache, or in place when it is local.
-async fn acquire_stored(
-    ds: &Arc<Inner>,
-    ps: &Arc<ProcState>,
-    src: &ShardSource,
-) -> Result<ShardLease> {
+/// The stored file (compressed or not): in place when it is local, a hit when the node has it,
+/// else the right to fetch it.
+async fn begin_stored(ds: &Arc<Inner>, ps: &Arc<ProcState>, src: &ShardSource) -> Result<Begin> {
     if let Some(path) = &src.local_stored {
-        let (cache, path, size, hash) = (
-            ps.cache.clone(),
-            path.clone(),
-            src.stored_size,
-            src.stored_hash.clone(),
-        );
-        return blocking(move || Ok(cache.acquire_local(&path, size, hash)?)).await;
+        let lease = local_lease(ds, ps, path, src.stored_size, &src.stored_hash).await?;
+        return Ok(Begin::Hit(lease));
     }
     let spec = ShardSpec {
         key: src.name.to_string(),
         size: src.stored_size,
         hash: src.stored_hash.clone(),
     };
-    match begin(ps, spec).await? {
-        Begin::Hit(lease) => Ok(lease),
-        Begin::Fetch(guard) => {
-            let location = ps.locations.get(src.stream).ok_or_else(|| {
-                StreamerError::Engine(format!("shard {} has no stream {}", src.name, src.stream))
-            })?;
-            download(
-                ds,
-                location,
-                &src.stored_rel,
-                src.stored_size,
-                guard.tmp_path(),
-            )
-            .await?;
-            Metrics::add(&ds.metrics.shards_fetched, 1);
-            blocking(move || Ok(guard.commit()?)).await
-        }
-    }
+    begin(ps, spec).await
 }
 
-/// Writes `rel` (of `size` bytes) to `dest` with parallel ranged GETs under the memory budget.
-pub(crate) async fn download(
+/// A local file read in place: its size checked on every open, its hash (where the index has
+/// one and `validate_hash` is on) on the first open in this process.
+async fn local_lease(
     ds: &Arc<Inner>,
-    location: &Location,
-    rel: &str,
+    ps: &Arc<ProcState>,
+    path: &Path,
     size: u64,
-    dest: &Path,
-) -> Result<()> {
-    let io = |op, source| StreamerError::Io {
-        op,
-        path: dest.to_path_buf(),
-        source,
+    hash: &Option<ExpectedHash>,
+) -> Result<ShardLease> {
+    let verified = |p: &Path| {
+        ds.verified_local
+            .lock()
+            .map(|set| set.contains(p))
+            .unwrap_or(false)
     };
-    let file = File::options()
-        .write(true)
-        .open(dest)
-        .map_err(|e| io("open download", e))?;
-    file.set_len(size).map_err(|e| io("size download", e))?;
-    let file = Arc::new(file);
-    let chunk = ds.chunk_bytes.max(1);
-    let ranges: Vec<(u64, u64)> = (0..size.div_ceil(chunk))
-        .map(|i| (i * chunk, ((i + 1) * chunk).min(size)))
-        .collect();
-    let concurrency = location.options().concurrency.max(1);
-    futures::stream::iter(ranges)
-        .map(|(lo, hi)| {
-            let (ds, file, rel) = (Arc::clone(ds), Arc::clone(&file), rel.to_string());
-            let location = location.clone();
-            let dest = dest.to_path_buf();
-            async move {
-                let what = || format!("a {}-byte chunk of {rel}", hi - lo);
-                let lease = ds.budget.acquire(&what, hi - lo).await?;
-                let bytes = get_range(&location, &rel, lo..hi, &ds.metrics).await?;
-                if bytes.len() as u64 != hi - lo {
-                    return Err(StreamerError::Corrupt {
-                        what: location.url_of(&rel),
-                        reason: format!(
-                            "range {lo}..{hi} returned {} bytes; the object is shorter than the index says",
-                            bytes.len()
-                        ),
-                    });
-                }
-                Metrics::add(&ds.metrics.fetch_bytes, bytes.len() as u64);
-                blocking(move || {
-                    file.write_all_at(&bytes, lo).map_err(|source| StreamerError::Io {
-                        op: "write download",
-                        path: dest,
-                        source,
-                    })?;
-                    drop(lease);
-                    Ok(())
-                })
-                .await
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-/// One ranged GET, retried through transient failures (a server that is down for a while).
-async fn get_range(
-    location: &Location,
-    rel: &str,
-    range: std::ops::Range<u64>,
-    metrics: &Metrics,
-) -> Result<bytes::Bytes> {
-    let start = Instant::now();
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        Metrics::add(&metrics.fetch_requests, 1);
-        match location.get_range(rel, range.clone()).await {
-            Ok(bytes) => return Ok(bytes),
-            Err(e) if e.is_transient() && start.elapsed() < RETRY_WINDOW => {
-                warn!(url = %location.url_of(rel), error = %e, "ranged GET failed; retrying");
-                Metrics::add(&metrics.fetch_retries, 1);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e.into()),
+    let check = hash.clone().filter(|_| !verified(path));
+    let (cache, owned) = (ps.cache.clone(), path.to_path_buf());
+    let lease = blocking(move || {
+        let lease = cache.acquire_local(&owned, size, None)?;
+        if let Some(h) = check {
+            cache.verify_local(&owned, &h)?;
+        }
+        Ok(lease)
+    })
+    .await?;
+    if hash.is_some() {
+        if let Ok(mut set) = ds.verified_local.lock() {
+            set.insert(path.to_path_buf());
         }
     }
+    Ok(lease)
 }
 
-/// Decompresses `src` into `dst`, producing exactly `raw_size` bytes.
-fn decompress(
-    algorithm: Algorithm,
-    src: &Path,
-    dst: &Path,
-    raw_size: u64,
-    what: &str,
-    budget: &Budget,
-) -> Result<()> {
-    let io = |op, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StreamerError::Io { op, path, source }
-    };
-    let corrupt = |reason: String| StreamerError::Corrupt {
-        what: what.to_string(),
-        reason,
-    };
-    let input = File::open(src).map_err(io("open", src))?;
-    let mut out = File::options()
-        .write(true)
-        .truncate(true)
-        .open(dst)
-        .map_err(io("open", dst))?;
-    let label = || format!("decompressing {what}");
-    let written = match algorithm {
-        Algorithm::Zstd | Algorithm::Gzip => {
-            let _lease = budget.acquire_blocking(&label, DECODER_BYTES.min(budget.limit()))?;
-            let reader = BufReader::with_capacity(1 << 20, input);
-            let mut decoder: Box<dyn Read> = match algorithm {
-                Algorithm::Zstd => Box::new(
-                    zstd::stream::read::Decoder::with_buffer(reader)
-                        .map_err(|e| corrupt(format!("zstd: {e}")))?,
-                ),
-                _ => Box::new(flate2::bufread::MultiGzDecoder::new(reader)),
-            };
-            let mut limited = (&mut decoder).take(raw_size + 1);
-            std::io::copy(&mut limited, &mut out)
-                .map_err(|e| corrupt(format!("decompress: {e}")))?
-        }
-        other => {
-            let stored_len = input.metadata().map_err(io("stat", src))?.len();
-            let _lease = budget.acquire_blocking(&label, stored_len + raw_size)?;
-            let mut data = Vec::new();
-            BufReader::new(input)
-                .read_to_end(&mut data)
-                .map_err(io("read", src))?;
-            let raw = shardstream_sharding::compression::decompress(other, &data, what, raw_size)?;
-            out.write_all(&raw).map_err(io("write", dst))?;
-            raw.len() as u64
-        }
-    };
-    if written != raw_size {
-        return Err(corrupt(format!(
-            "decompresses to {written} bytes or more, the index records {raw_size}"
-        )));
-    }
-    Ok(())
+/// Downloads the stored file into `guard`'s temp file and commits it.
+async fn fetch_stored(
+    ds: &Arc<Inner>,
+    ps: &Arc<ProcState>,
+    src: &ShardSource,
+    guard: FetchGuard,
+    progress: Option<&Publisher>,
+    outage: &Arc<Outage>,
+) -> Result<ShardLease> {
+    let location = ps.locations.get(src.stream).ok_or_else(|| {
+        StreamerError::Engine(format!("shard {} has no stream {}", src.name, src.stream))
+    })?;
+    let tmp = guard.tmp_path().to_path_buf();
+    download(
+        ds,
+        location,
+        &src.stored_rel,
+        src.stored_size,
+        &tmp,
+        progress,
+        outage,
+    )
+    .await?;
+    Metrics::add(&ds.metrics.shards_fetched, 1);
+    blocking(move || Ok(guard.commit()?)).await
 }

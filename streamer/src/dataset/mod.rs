@@ -30,26 +30,34 @@
 //! works in the children (see `engine`). `docs/streaming.md` describes the engine and its knobs.
 
 mod budget;
+mod decode;
 mod engine;
+mod fetch;
+mod growing;
 mod metrics;
 mod shard;
 mod stream;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use shardstream_launcher::cache::default_cache_root;
 use shardstream_launcher::resolve::CACHE_DIR_ENV;
 use shardstream_launcher::resolve::{os_env, resolve_with, Overrides};
+use shardstream_launcher::LauncherError;
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
-use shardstream_storage::{Location, StorageError};
-use tracing::info;
+use shardstream_storage::{Env, Location, StorageError, StorageOptions};
+use tracing::{debug, info};
 
 use crate::cache::{node_dir, CacheConfig, ExpectedHash, LocalSources, VerifyMode};
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
+pub use fetch::FIRST_RANGE_BYTES;
 pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{SampleStream, StreamPlan, StreamedSample};
@@ -62,6 +70,11 @@ use metrics::Metrics;
 pub const DEFAULT_MEMORY_LIMIT: u64 = 512 << 20;
 /// Largest ranged GET (and so the largest single buffer of a download).
 pub const MAX_CHUNK_BYTES: u64 = 8 << 20;
+/// Default [`StreamingConfig::retry_window`]: how long transient storage failures of one shard
+/// are retried before its fetch fails.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(120);
+/// Environment variable that sets the retry window, in seconds.
+pub const RETRY_WINDOW_ENV: &str = "SHARDSTREAM_RETRY_WINDOW";
 
 /// How to open a dataset. Field names follow mosaicml-streaming's `StreamingDataset`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,6 +109,23 @@ pub struct StreamingConfig {
     pub allow_unsafe_types: bool,
 }
 
+impl StreamingConfig {
+    /// How long transient storage failures (5xx, `SlowDown`, timeouts, a server that is down)
+    /// of one shard are retried, counted from the first failed request since the last one that
+    /// succeeded, before the fetch fails: `SHARDSTREAM_RETRY_WINDOW` (seconds), else
+    /// [`DEFAULT_RETRY_WINDOW`] (120 s). It bounds all retry levels together: the storage
+    /// client's own retries inside one request are clamped to it, and the streamer's retries
+    /// of a range or a shard count against the same window, so an outage ends in an error
+    /// after about one window. [`StreamingDataset::set_retry_window`] overrides it.
+    pub fn retry_window(&self) -> Duration {
+        os_env(RETRY_WINDOW_ENV)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(DEFAULT_RETRY_WINDOW)
+    }
+}
+
 /// Shared state of a dataset (behind the `Arc` every stream and task holds).
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -115,6 +145,10 @@ pub(crate) struct Inner {
     pub metrics: Metrics,
     pub proc: ProcSlot,
     pub max_shard_bytes: u64,
+    /// The retry window in milliseconds (see [`StreamingConfig::retry_window`]).
+    pub retry_window_ms: AtomicU64,
+    /// Local files read in place whose hash this process has checked.
+    pub verified_local: Mutex<HashSet<PathBuf>>,
 }
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
@@ -127,7 +161,7 @@ impl StreamingDataset {
     /// Opens a dataset: reads and checks `index.json` (no shard is downloaded), and works out
     /// the cache folder. Blocking.
     pub fn open(config: StreamingConfig) -> Result<Self> {
-        let location = Location::open(&config.remote)?;
+        let location = open_url(&config.remote, config.retry_window())?;
         let reopen = Some((config.remote.clone(), config.split.clone()));
         let split = config.split.clone();
         Self::open_streams_at(
@@ -160,7 +194,7 @@ impl StreamingDataset {
             let (location, reopen) = match spec.location {
                 Some(l) => (l, None),
                 None => (
-                    Location::open(&spec.remote)?,
+                    open_url(&spec.remote, config.retry_window())?,
                     Some((spec.remote.clone(), spec.split.clone())),
                 ),
             };
@@ -180,7 +214,7 @@ impl StreamingDataset {
                 reason: "at least one dataset is needed".into(),
             });
         }
-        let cache_dir = resolve_cache_dir(&config)?;
+        let retry_window = config.retry_window();
         let memory_limit = config.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
         // A quarter of the budget per chunk lets several chunks be in flight at once.
         let chunk_bytes = (memory_limit / 4).clamp(1, MAX_CHUNK_BYTES);
@@ -207,6 +241,13 @@ impl StreamingDataset {
             locations.push(location);
         }
         let shape = DatasetShape::mixed(shapes, epoch_size, Sampling::Balanced)?;
+        // A dataset whose every shard is read in place downloads nothing, so it needs no run
+        // id (see `resolve_cache_dir`).
+        let in_place_key = (loaded.max_shard_bytes == 0).then(|| {
+            let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
+            urls.join("\n")
+        });
+        let cache_dir = resolve_cache_dir(&config, in_place_key.as_deref())?;
         let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
         cache_config.verify = if config.validate_hash {
             VerifyMode::Hash
@@ -239,6 +280,8 @@ impl StreamingDataset {
                 metrics: Metrics::default(),
                 proc: ProcSlot::default(),
                 max_shard_bytes: loaded.max_shard_bytes,
+                retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
+                verified_local: Mutex::default(),
             }),
         })
     }
@@ -317,6 +360,15 @@ impl StreamingDataset {
         SampleStream::new(Arc::clone(&self.inner), self.proc()?, plan)
     }
 
+    /// Sets the retry window ([`StreamingConfig::retry_window`]) for fetches started from now
+    /// on. The storage client's own per-request retries keep the window the dataset was opened
+    /// with.
+    pub fn set_retry_window(&self, window: Duration) {
+        self.inner
+            .retry_window_ms
+            .store(window.as_millis() as u64, Ordering::Relaxed);
+    }
+
     /// The counters of this process.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.snapshot()
@@ -343,7 +395,7 @@ impl Inner {
             .zip(&self.reopen)
             .map(|(loc, again)| match again {
                 Some((url, split)) => {
-                    let fresh = Location::open(url)?;
+                    let fresh = open_url(url, self.retry_window())?;
                     Ok(match split {
                         Some(split) => fresh.join(split)?,
                         None => fresh,
@@ -352,6 +404,11 @@ impl Inner {
                 None => Ok(loc.clone()),
             })
             .collect()
+    }
+
+    /// The retry window of fetches starting now.
+    pub(crate) fn retry_window(&self) -> Duration {
+        Duration::from_millis(self.retry_window_ms.load(Ordering::Relaxed))
     }
 
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
@@ -508,7 +565,19 @@ fn read_index(location: &Location) -> Result<Vec<u8>> {
     })
 }
 
-fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
+/// Opens a dataset URL with the storage client's own retries clamped to the retry window, so
+/// that the two retry levels do not add up (see [`StreamingConfig::retry_window`]).
+fn open_url(url: &str, retry_window: Duration) -> Result<Location> {
+    let mut options = StorageOptions::default();
+    options.retry.retry_timeout = options.retry.retry_timeout.min(retry_window);
+    Ok(Location::open_with(url, &options, &Env::from_process())?)
+}
+
+/// The node's cache folder: `local`, else `<root>/<run_id>/<node_rank>/` (DESIGN §4). A
+/// dataset made only of local paths read in place (`in_place_key` names them) downloads
+/// nothing, so it needs no run id: when none resolves, it gets a private folder keyed by its
+/// paths, `<root>/in-place-<hash>/`, which holds only the cache's lock files.
+fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Result<PathBuf> {
     if let Some(local) = &config.local {
         return Ok(local.clone());
     }
@@ -523,10 +592,36 @@ fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
         run_id: config.run_id.clone(),
         node_rank,
     };
-    let resolved = resolve_with(&overrides, &os_env).map_err(|e| StreamerError::InvalidConfig {
-        setting: "run_id / node_rank",
-        reason: e.to_string(),
-    })?;
+    let root = || match &config.cache_root {
+        Some(root) => root.clone(),
+        None => default_cache_root(&os_env),
+    };
+    let resolved = match resolve_with(&overrides, &os_env) {
+        Ok(resolved) => resolved,
+        Err(e) => {
+            if let Some(key) = in_place_key {
+                let dir = root().join(format!("in-place-{:016x}", fnv1a(key.as_bytes())));
+                debug!(dir = %dir.display(), reason = %e, "local dataset read in place: no run id needed");
+                return Ok(dir);
+            }
+            return Err(match e {
+                LauncherError::MissingRunId { torchelastic } => StreamerError::InvalidConfig {
+                    setting: "run_id",
+                    reason: format!(
+                        "no run id to key the cache: pass run_id= (StreamingDataset(..., \
+                         run_id=...) in Python, StreamingConfig::run_id in Rust, --run-id on \
+                         the command line) or set SHARDSTREAM_RUN_ID (the deploy/ manifests \
+                         pass the Job, JobSet or PyTorchJob name into it); \
+                         TORCHELASTIC_RUN_ID is {torchelastic}"
+                    ),
+                },
+                other => StreamerError::InvalidConfig {
+                    setting: "run_id / node_rank",
+                    reason: other.to_string(),
+                },
+            });
+        }
+    };
     // The same precedence as `shardstream run` (docs/deploy.md): an explicit root, else the
     // folder the pod was given (`SHARDSTREAM_CACHE_DIR`, already keyed by run and node through
     // the volume's subPathExpr or a parent `shardstream run`), else the default root.
@@ -535,11 +630,14 @@ fn resolve_cache_dir(config: &StreamingConfig) -> Result<PathBuf> {
             return Ok(PathBuf::from(dir));
         }
     }
-    let root = match &config.cache_root {
-        Some(root) => root.clone(),
-        None => default_cache_root(&os_env),
-    };
-    Ok(node_dir(&root, &resolved.run_id, resolved.node_rank)?)
+    Ok(node_dir(&root(), &resolved.run_id, resolved.node_rank)?)
+}
+
+/// FNV-1a: a stable 64-bit name for a set of paths (not for security).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {

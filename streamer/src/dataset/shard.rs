@@ -14,6 +14,7 @@ use std::sync::Arc;
 use shardstream_sharding::mds::Columns;
 use shardstream_sharding::Sample;
 
+use super::growing::{Growing, Landing};
 use crate::cache::ShardLease;
 use crate::error::{Result, StreamerError};
 
@@ -36,10 +37,22 @@ struct HandleInner {
     columns: Arc<Columns>,
     /// Global sample id of the shard's first sample.
     first_sample: u64,
+    /// The file's path (the cache's temp name while the shard is still growing).
     path: PathBuf,
     /// The cache pin; `None` only while being dropped.
-    lease: Option<ShardLease>,
+    pin: Option<Pin>,
+    /// Set while (and after) the shard downloads in this process: reads wait for its prefix.
+    growing: Option<Growing>,
     pid: u32,
+}
+
+/// What keeps the file pinned in the cache.
+#[derive(Debug)]
+enum Pin {
+    /// A complete file's lease (held for its drop, which unpins).
+    Lease(#[allow(dead_code)] ShardLease),
+    /// A growing file's: the lease arrives when its writer commits.
+    Landing(Arc<Landing>),
 }
 
 impl Drop for HandleInner {
@@ -47,7 +60,7 @@ impl Drop for HandleInner {
         if self.pid != std::process::id() {
             // Inherited through fork: the lock descriptor is shared with the parent, and
             // dropping it here would unpin the parent's shard. Leak it instead.
-            std::mem::forget(self.lease.take());
+            std::mem::forget(self.pin.take());
         }
     }
 }
@@ -77,60 +90,43 @@ impl ShardHandle {
                 source,
             })?
             .len();
-        let corrupt = |reason: String| StreamerError::Corrupt {
-            what: name.to_string(),
-            reason,
+        let opened = Opened {
+            shard,
+            name,
+            file,
+            path,
+            len,
+            pin: Pin::Lease(lease),
+            growing: None,
         };
-        let mut head = [0u8; 4];
-        read_exact_at(&file, &path, &mut head, 0)
-            .map_err(|_| corrupt(format!("{len} bytes, too short for a header")))?;
-        let n = u64::from(u32::from_le_bytes(head));
-        if n != samples {
-            return Err(corrupt(format!(
-                "header holds {n} samples, the index says {samples}"
-            )));
-        }
-        let table_end = 4 + 4 * (n + 1);
-        if table_end > len {
-            return Err(corrupt(format!(
-                "offset table of {n} samples needs {table_end} bytes, the file has {len}"
-            )));
-        }
-        let mut raw = vec![0u8; (4 * (n + 1)) as usize];
-        read_exact_at(&file, &path, &mut raw, 4)?;
-        let offsets: Vec<u32> = raw
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let mut prev = table_end;
-        for (i, &off) in offsets.iter().enumerate() {
-            let off = u64::from(off);
-            if off < prev {
-                return Err(corrupt(format!(
-                    "offset {i} ({off}) is below the previous one or inside the offset table"
-                )));
-            }
-            prev = off;
-        }
-        if prev != len {
-            return Err(corrupt(format!(
-                "the last offset is {prev}, the file has {len} bytes"
-            )));
-        }
-        Ok(ShardHandle {
-            inner: Arc::new(HandleInner {
-                shard,
-                name,
-                file,
-                len,
-                offsets,
-                columns,
-                first_sample,
-                path,
-                lease: Some(lease),
-                pid: std::process::id(),
-            }),
-        })
+        opened.check(columns, samples, first_sample)
+    }
+
+    /// Opens a decompressed shard that this process is still writing (`file` is its temp
+    /// file, `len` its size when complete). Waits only for the header and offset table; each
+    /// read then waits for the bytes it needs. The pin is taken over from `landing` once the
+    /// writer commits.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_growing(
+        shard: usize,
+        name: Arc<str>,
+        (file, path, len): (File, PathBuf, u64),
+        growing: Growing,
+        landing: Arc<Landing>,
+        columns: Arc<Columns>,
+        samples: u64,
+        first_sample: u64,
+    ) -> Result<ShardHandle> {
+        let opened = Opened {
+            shard,
+            name,
+            file,
+            path,
+            len,
+            pin: Pin::Landing(landing),
+            growing: Some(growing),
+        };
+        opened.check(columns, samples, first_sample)
     }
 
     /// The shard's number in the index.
@@ -150,7 +146,10 @@ impl ShardHandle {
 
     /// The decompressed file (in the cache, or the source itself when read in place).
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        match &self.inner.pin {
+            Some(Pin::Landing(landing)) => landing.path().unwrap_or(&self.inner.path),
+            _ => &self.inner.path,
+        }
     }
 
     /// Samples in the shard.
@@ -165,6 +164,7 @@ impl ShardHandle {
             return Ok(0);
         }
         let want = buf.len().min((self.inner.len - offset) as usize);
+        self.wait_for(offset + want as u64)?;
         read_exact_at(&self.inner.file, &self.inner.path, &mut buf[..want], offset)?;
         Ok(want)
     }
@@ -187,8 +187,9 @@ impl ShardHandle {
     /// Reads sample `i` (its own buffer).
     pub fn sample(&self, i: u64) -> Result<RawSample> {
         let range = self.sample_range(i)?;
+        self.wait_for(range.end)?;
         let mut buf = vec![0u8; (range.end - range.start) as usize];
-        read_exact_at(&self.inner.file, self.path(), &mut buf, range.start)?;
+        read_exact_at(&self.inner.file, &self.inner.path, &mut buf, range.start)?;
         let len = buf.len();
         self.raw_sample(i, Arc::new(buf), 0..len)
     }
@@ -199,9 +200,32 @@ impl ShardHandle {
         let start = self.sample_range(first)?.start;
         let end = self.sample_range(last - 1)?.end;
         // Only growth is zeroed: a recycled buffer of the same size costs no page faults.
+        self.wait_for(end)?;
         buf.resize((end - start) as usize, 0);
-        read_exact_at(&self.inner.file, self.path(), buf, start)?;
+        read_exact_at(&self.inner.file, &self.inner.path, buf, start)?;
         Ok(start)
+    }
+
+    /// Waits until the first `end` bytes of a shard still downloading are written (at once for
+    /// a complete shard). Errors if its download failed.
+    pub(crate) fn wait_for(&self, end: u64) -> Result<()> {
+        match &self.inner.growing {
+            Some(g) => g.wait_blocking(end).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes from the start that can be read now without waiting.
+    pub(crate) fn readable(&self) -> u64 {
+        match &self.inner.growing {
+            Some(g) => g.readable().min(self.inner.len),
+            None => self.inner.len,
+        }
+    }
+
+    /// Whether every byte of the shard is on disk (false while it downloads).
+    pub fn is_complete(&self) -> bool {
+        self.inner.growing.as_ref().is_none_or(Growing::is_done)
     }
 
     /// A sample whose bytes are `buf[range]`: splits its columns (bounds-checked).
@@ -245,6 +269,93 @@ impl ShardHandle {
     /// Global sample id of the shard's first sample.
     pub fn first_sample(&self) -> u64 {
         self.inner.first_sample
+    }
+}
+
+/// A shard file opened but not yet checked.
+struct Opened {
+    shard: usize,
+    name: Arc<str>,
+    file: File,
+    path: PathBuf,
+    len: u64,
+    pin: Pin,
+    growing: Option<Growing>,
+}
+
+impl Opened {
+    /// Reads and checks the header and offset table (waiting for them if the file grows).
+    fn check(self, columns: Arc<Columns>, samples: u64, first_sample: u64) -> Result<ShardHandle> {
+        let Opened {
+            shard,
+            name,
+            file,
+            path,
+            len,
+            pin,
+            growing,
+        } = self;
+        let wait = |end: u64| match &growing {
+            Some(g) => g.wait_blocking(end.min(len)).map(|_| ()),
+            None => Ok(()),
+        };
+        let corrupt = |reason: String| StreamerError::Corrupt {
+            what: name.to_string(),
+            reason,
+        };
+        let mut head = [0u8; 4];
+        wait(4)?;
+        read_exact_at(&file, &path, &mut head, 0)
+            .map_err(|_| corrupt(format!("{len} bytes, too short for a header")))?;
+        let n = u64::from(u32::from_le_bytes(head));
+        if n != samples {
+            return Err(corrupt(format!(
+                "header holds {n} samples, the index says {samples}"
+            )));
+        }
+        let table_end = 4 + 4 * (n + 1);
+        if table_end > len {
+            return Err(corrupt(format!(
+                "offset table of {n} samples needs {table_end} bytes, the file has {len}"
+            )));
+        }
+        wait(table_end)?;
+        let mut raw = vec![0u8; (4 * (n + 1)) as usize];
+        read_exact_at(&file, &path, &mut raw, 4)?;
+        let offsets: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut prev = table_end;
+        for (i, &off) in offsets.iter().enumerate() {
+            let off = u64::from(off);
+            if off < prev {
+                return Err(corrupt(format!(
+                    "offset {i} ({off}) is below the previous one or inside the offset table"
+                )));
+            }
+            prev = off;
+        }
+        if prev != len {
+            return Err(corrupt(format!(
+                "the last offset is {prev}, the file has {len} bytes"
+            )));
+        }
+        Ok(ShardHandle {
+            inner: Arc::new(HandleInner {
+                shard,
+                name,
+                file,
+                len,
+                offsets,
+                columns,
+                first_sample,
+                path,
+                pin: Some(pin),
+                growing,
+                pid: std::process::id(),
+            }),
+        })
     }
 }
 

@@ -201,7 +201,7 @@ impl SampleStream {
     fn spawn_fetch(&mut self, shard: u32) -> Result<()> {
         let ps = Arc::clone(self.ps()?);
         let fut = engine::open_shard(Arc::clone(&self.ds), Arc::clone(&ps), shard as usize);
-        self.slots.insert(shard, Slot::Pending(ps.rt.spawn(fut)));
+        self.slots.insert(shard, Slot::Pending(ps.spawn(fut)));
         self.slot_bytes += self.shard_bytes(shard);
         Ok(())
     }
@@ -336,9 +336,17 @@ impl SampleStream {
         // Sequential reading (the previous sample was the one before): read a run.
         let sequential = self.last == Some((shard, i.wrapping_sub(1)));
         let first = h.sample_range(i)?;
+        // A shard still downloading: wait for this sample's bytes before taking any budget
+        // (the download needs budget to make progress), and read no further than what is
+        // there, so the sample is served as soon as it has arrived.
+        h.wait_for(first.end)?;
+        let readable = h.readable();
         let mut last = i + 1;
         if sequential {
             while last < h.num_samples() && h.sample_range(last)?.end - first.start <= RUN_BYTES {
+                if h.sample_range(last)?.end > readable {
+                    break;
+                }
                 last += 1;
             }
         }

@@ -1,0 +1,208 @@
+//! A file that this process is still writing, readable up to the prefix written so far.
+//!
+//! A download (or a streamed decompression) writes a shard into the cache's temp file and
+//! publishes, through a [`Publisher`], how many bytes from the start are complete. Readers hold
+//! a [`Growing`] and wait until the prefix covers the bytes they need, then `pread` the file:
+//! so the first samples of a shard are served while the rest is still on its way. The temp file
+//! is later renamed into the cache; an open descriptor survives the rename.
+//!
+//! A compressed shard is published as its decompressed output grows; the decoder starts once
+//! the compressed file is complete (a decoder waiting for download chunks while holding its
+//! window's share of the budget could starve those very chunks).
+//!
+//! Only this process sees the prefix. Other processes of the node wait on the shard's fetch
+//! lock for the complete file, as before (`docs/cache.md`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::watch;
+
+use crate::cache::ShardLease;
+use crate::error::{Result, StreamerError};
+
+/// How far a file has been written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Progress {
+    /// The first `n` bytes are complete.
+    Written(u64),
+    /// Complete, checked and moved into the cache.
+    Done,
+    /// The writer gave up; the reason is shown to every waiting reader.
+    Failed(String),
+}
+
+/// The writer's side: publishes the complete prefix. Dropped without [`Publisher::done`] (an
+/// error, or a task cancelled at shutdown), it tells the readers the write failed.
+#[derive(Debug)]
+pub(crate) struct Publisher {
+    tx: watch::Sender<Progress>,
+    finished: AtomicBool,
+}
+
+/// The readers' side: waits for a prefix. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Growing {
+    rx: watch::Receiver<Progress>,
+    /// What is being written, for messages.
+    what: Arc<str>,
+}
+
+/// A new pair for a file of which nothing is written yet.
+pub(crate) fn channel(what: Arc<str>) -> (Publisher, Growing) {
+    let (tx, rx) = watch::channel(Progress::Written(0));
+    (
+        Publisher {
+            tx,
+            finished: AtomicBool::new(false),
+        },
+        Growing { rx, what },
+    )
+}
+
+impl Publisher {
+    /// The first `bytes` bytes are written. Never moves the prefix back.
+    pub(crate) fn advance(&self, bytes: u64) {
+        self.tx.send_if_modified(|p| match p {
+            Progress::Written(n) if *n < bytes => {
+                *n = bytes;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// The file is complete and in the cache.
+    pub(crate) fn done(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.tx.send_replace(Progress::Done);
+    }
+
+    /// The write failed for good.
+    pub(crate) fn fail(&self, reason: String) {
+        self.finished.store(true, Ordering::Release);
+        self.tx.send_replace(Progress::Failed(reason));
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if !self.finished.load(Ordering::Acquire) {
+            self.tx
+                .send_replace(Progress::Failed("the fetch was abandoned".into()));
+        }
+    }
+}
+
+impl Growing {
+    /// Bytes from the start that are readable now (`u64::MAX` once complete), or the error
+    /// the writer gave up with.
+    fn ready(&self, rx: &watch::Receiver<Progress>) -> Result<u64> {
+        match &*rx.borrow() {
+            Progress::Written(n) => Ok(*n),
+            Progress::Done => Ok(u64::MAX),
+            Progress::Failed(reason) => Err(StreamerError::FetchFailed {
+                what: self.what.to_string(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Bytes readable now without waiting (`u64::MAX` once complete; 0 after a failure).
+    pub(crate) fn readable(&self) -> u64 {
+        self.ready(&self.rx).unwrap_or(0)
+    }
+
+    /// Whether the file is complete (reads need no wait).
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(*self.rx.borrow(), Progress::Done)
+    }
+
+    /// Waits until at least `end` bytes (or the whole file) are readable; returns the bytes
+    /// readable then.
+    pub(crate) async fn wait(&self, end: u64) -> Result<u64> {
+        let mut rx = self.rx.clone();
+        loop {
+            let ready = self.ready(&rx)?;
+            if ready >= end {
+                return Ok(ready);
+            }
+            if rx.changed().await.is_err() {
+                // The writer is gone; its last word (done or failed) is in the channel.
+                let ready = self.ready(&rx)?;
+                return if ready >= end {
+                    Ok(ready)
+                } else {
+                    Err(StreamerError::FetchFailed {
+                        what: self.what.to_string(),
+                        reason: "the fetch ended early".into(),
+                    })
+                };
+            }
+        }
+    }
+
+    /// [`Growing::wait`] for a plain thread (a consumer, or a blocking task).
+    pub(crate) fn wait_blocking(&self, end: u64) -> Result<u64> {
+        let ready = self.ready(&self.rx)?;
+        if ready >= end {
+            return Ok(ready);
+        }
+        futures::executor::block_on(self.wait(end))
+    }
+}
+
+/// Where a growing shard ends up: the cache lease (a pin) and the final path, set by the
+/// writer once it commits. Shared by the writer and every handle on the shard, so the pin lives
+/// as long as any of them.
+#[derive(Debug, Default)]
+pub(crate) struct Landing {
+    lease: Mutex<Option<ShardLease>>,
+    path: OnceLock<PathBuf>,
+}
+
+impl Landing {
+    /// Records the committed file.
+    pub(crate) fn land(&self, lease: ShardLease) {
+        let _ = self.path.set(lease.path().to_path_buf());
+        if let Ok(mut slot) = self.lease.lock() {
+            *slot = Some(lease);
+        }
+    }
+
+    /// The final path, once committed.
+    pub(crate) fn path(&self) -> Option<&PathBuf> {
+        self.path.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readers_wait_for_the_prefix_and_see_failures() {
+        let (tx, rx) = channel(Arc::from("s"));
+        tx.advance(10);
+        assert_eq!(rx.wait_blocking(5).unwrap(), 10);
+        tx.advance(4); // never moves back
+        let waiter = {
+            let rx = rx.clone();
+            std::thread::spawn(move || rx.wait_blocking(100))
+        };
+        tx.advance(100);
+        assert_eq!(waiter.join().unwrap().unwrap(), 100);
+        tx.done();
+        assert!(rx.is_done());
+        assert_eq!(rx.wait_blocking(1 << 40).unwrap(), u64::MAX);
+
+        let (tx, rx) = channel(Arc::from("t"));
+        let waiter = std::thread::spawn(move || rx.wait_blocking(1));
+        drop(tx);
+        assert!(matches!(
+            waiter.join().unwrap(),
+            Err(StreamerError::FetchFailed { .. })
+        ));
+    }
+}
