@@ -8,6 +8,10 @@
 //! `json.loads` of the text for `json`, `PIL.Image.frombytes` for `pil`,
 //! `PIL.Image.open(BytesIO(..))` for `jpeg`/`png`, lists of those, `np.frombuffer(..).reshape`
 //! for `ndarray`, `pickle.loads` for `pkl` (only with `allow_unsafe_types`).
+//!
+//! `bytes`, `json` and `pkl` columns need no parsing: they stay in the sample's read buffer
+//! until Python takes them, and a decoder made with `zero_copy` hands `bytes` columns over as a
+//! [`Buffer`] into that read instead of copying them into a `bytes` object.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -15,20 +19,36 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use shardstream_sharding::mds::Encoding;
 use shardstream_sharding::value::{DType, NdArray, PilImage, Scalar, Value};
 use shardstream_sharding::FormatError;
+use shardstream_streamer::RawSample;
 
-/// A sample's columns, checked and parsed, ready to become Python objects.
-pub struct ParsedSample(Vec<Value>);
+use crate::buffer::Buffer;
 
-/// Parses one sample's raw column bytes (in `encodings` order). `json` and `pkl` columns are
-/// kept as raw bytes: only Python's own `json.loads` / `pickle.loads` give Mosaic's objects.
-/// `path` and `sample` name the sample in errors.
+/// A column of a parsed sample.
+enum Column {
+    /// Parsed.
+    Value(Value),
+    /// Kept as stored (`bytes`, `json`, `pkl`): the sample's column at this index.
+    Stored(usize),
+}
+
+/// A sample's columns, checked and parsed, ready to become Python objects. Holds the sample
+/// (a shared read buffer, no copy) for the columns kept as stored.
+pub struct ParsedSample {
+    columns: Vec<Column>,
+    raw: RawSample,
+}
+
+/// Parses one sample's columns (in `encodings` order). `bytes`, `json` and `pkl` columns are
+/// kept as stored: only Python's own `json.loads` / `pickle.loads` give Mosaic's objects, and
+/// bytes need no work. `path` names the sample's shard in errors.
 pub fn parse_sample(
     encodings: &[Encoding],
     names: &[String],
-    columns: &[&[u8]],
+    raw: &RawSample,
     path: &str,
-    sample: u64,
 ) -> Result<ParsedSample, FormatError> {
+    let sample = raw.index_in_shard();
+    let columns = raw.columns();
     if columns.len() != encodings.len() {
         return Err(FormatError::corrupt(
             path,
@@ -40,10 +60,10 @@ pub fn parse_sample(
         ));
     }
     let mut values = Vec::with_capacity(columns.len());
-    for ((enc, name), data) in encodings.iter().zip(names).zip(columns) {
+    for (i, ((enc, name), data)) in encodings.iter().zip(names).zip(&columns).enumerate() {
         let value = match enc {
-            Encoding::Json | Encoding::Pickle | Encoding::Bytes => Value::Bytes(data.to_vec()),
-            _ => enc.decode(data).map_err(|e| match e {
+            Encoding::Json | Encoding::Pickle | Encoding::Bytes => Column::Stored(i),
+            _ => Column::Value(enc.decode(data).map_err(|e| match e {
                 FormatError::Decode {
                     encoding, reason, ..
                 } => FormatError::Decode {
@@ -54,11 +74,14 @@ pub fn parse_sample(
                     reason,
                 },
                 other => other,
-            })?,
+            })?),
         };
         values.push(value);
     }
-    Ok(ParsedSample(values))
+    Ok(ParsedSample {
+        columns: values,
+        raw: raw.clone(),
+    })
 }
 
 /// Python callables the decoder uses, imported once per interpreter.
@@ -110,11 +133,18 @@ pub struct Decoder {
     names: Vec<String>,
     encodings: Vec<Encoding>,
     py_names: Vec<Py<PyString>>,
+    zero_copy: bool,
 }
 
 impl Decoder {
-    /// A decoder for columns `names` with `encodings` (same order as the raw columns).
-    pub fn new(py: Python<'_>, names: Vec<String>, encodings: Vec<Encoding>) -> Self {
+    /// A decoder for columns `names` with `encodings` (same order as the raw columns);
+    /// `zero_copy` gives `bytes` columns as [`Buffer`]s instead of `bytes`.
+    pub fn new(
+        py: Python<'_>,
+        names: Vec<String>,
+        encodings: Vec<Encoding>,
+        zero_copy: bool,
+    ) -> Self {
         let py_names = names
             .iter()
             .map(|n| PyString::intern(py, n).unbind())
@@ -123,6 +153,7 @@ impl Decoder {
             names,
             encodings,
             py_names,
+            zero_copy,
         }
     }
 
@@ -144,10 +175,53 @@ impl Decoder {
     ) -> PyResult<Bound<'py, PyDict>> {
         let imports = imports(py)?;
         let dict = PyDict::new(py);
-        for ((name, enc), value) in self.py_names.iter().zip(&self.encodings).zip(sample.0) {
-            dict.set_item(name.bind(py), value_to_python(py, imports, enc, value)?)?;
+        let stored = sample.raw.columns();
+        for ((name, enc), column) in self
+            .py_names
+            .iter()
+            .zip(&self.encodings)
+            .zip(sample.columns)
+        {
+            let object = match column {
+                Column::Value(value) => value_to_python(py, imports, enc, value)?,
+                Column::Stored(i) => {
+                    let data = stored.get(i).copied().unwrap_or(&[]);
+                    match enc {
+                        Encoding::Bytes if self.zero_copy => Buffer::column(&sample.raw, i)
+                            .unwrap_or_else(|| Buffer::new(bytes::Bytes::new()))
+                            .into_pyobject(py)?
+                            .into_any(),
+                        _ => stored_to_python(py, imports, enc, data)?,
+                    }
+                }
+            };
+            dict.set_item(name.bind(py), object)?;
         }
         Ok(dict)
+    }
+}
+
+/// A column kept as stored: `json.loads` of its text, `pickle.loads` of its bytes, else `bytes`.
+fn stored_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    enc: &Encoding,
+    data: &[u8],
+) -> PyResult<Bound<'py, PyAny>> {
+    match enc {
+        Encoding::Json => {
+            let text = std::str::from_utf8(data).map_err(|e| {
+                pyo3::exceptions::PyUnicodeDecodeError::new_err(format!(
+                    "json column is not UTF-8: {e}"
+                ))
+            })?;
+            imports.json_loads.bind(py).call1((text,))
+        }
+        Encoding::Pickle => imports
+            .pickle_loads
+            .bind(py)
+            .call1((PyBytes::new(py, data),)),
+        _ => Ok(PyBytes::new(py, data).into_any()),
     }
 }
 
@@ -158,21 +232,7 @@ fn value_to_python<'py>(
     value: Value,
 ) -> PyResult<Bound<'py, PyAny>> {
     Ok(match value {
-        Value::Bytes(b) => match enc {
-            Encoding::Json => {
-                let text = std::str::from_utf8(&b).map_err(|e| {
-                    pyo3::exceptions::PyUnicodeDecodeError::new_err(format!(
-                        "json column is not UTF-8: {e}"
-                    ))
-                })?;
-                imports.json_loads.bind(py).call1((text,))?
-            }
-            Encoding::Pickle => imports
-                .pickle_loads
-                .bind(py)
-                .call1((PyBytes::new(py, &b),))?,
-            _ => PyBytes::new(py, &b).into_any(),
-        },
+        Value::Bytes(b) => stored_to_python(py, imports, enc, &b)?,
         Value::Str(s) => PyString::new(py, &s).into_any(),
         Value::Int(i) => i.into_pyobject(py)?.into_any(),
         Value::Float(f) | Value::StrFloat(f) => f.into_pyobject(py)?.into_any(),

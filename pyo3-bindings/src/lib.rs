@@ -6,6 +6,7 @@
 
 use pyo3::prelude::*;
 
+mod buffer;
 mod checkpoint;
 mod dataset;
 mod decode;
@@ -18,6 +19,7 @@ mod writer;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    m.add_class::<buffer::Buffer>()?;
     dataset::register(m)?;
     checkpoint::register(m)?;
     m.add_class::<writer::NativeShardWriter>()?;

@@ -1,6 +1,7 @@
 """shardstream: stream ML datasets from object storage into PyTorch, and keep checkpoints safe."""
 
 from shardstream._native import (  # noqa: F401
+    Buffer,
     BudgetExceededError,
     CheckpointError,
     CorruptDataError,
@@ -11,9 +12,11 @@ from shardstream._native import (  # noqa: F401
     __version__,
 )
 from shardstream.dataset import StreamingDataset, VarColumn, open  # noqa: F401
+from shardstream.streams import Stream  # noqa: F401
 from shardstream.writer import ShardWriter  # noqa: F401
 
 __all__ = [
+    "Buffer",
     "BudgetExceededError",
     "CheckpointError",
     "CorruptDataError",
@@ -22,6 +25,7 @@ __all__ = [
     "ShardWriter",
     "ShardstreamError",
     "StorageError",
+    "Stream",
     "StreamingDataset",
     "VarColumn",
     "open",

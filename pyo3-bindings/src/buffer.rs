@@ -1,0 +1,177 @@
+//! `Buffer`: read-only bytes owned by Rust, handed to Python through the buffer protocol.
+//!
+//! Sample bytes reach Python without a copy: a `Buffer` holds a [`Bytes`] (a slice of the
+//! streamer's read buffer, or a buffer this binding filled with the GIL released) and lends it
+//! to `memoryview`, `numpy.frombuffer`, `torch.frombuffer` and anything else that takes a
+//! buffer. `bytes(buf)` makes a copy when a real `bytes` object is needed.
+//!
+//! A buffer keeps alive the memory it points into: for a slice of a sample, that is the read
+//! the sample came from (at most one run of consecutive samples, 1 MiB, or the sample itself
+//! when larger). Drop buffers you are done with, as you would drop `bytes`.
+
+// The buffer protocol is a C interface (`__getbuffer__` fills a raw `Py_buffer`); this module
+// is the one place of the binding that needs `unsafe`, and each use says why it holds.
+#![allow(unsafe_code)]
+
+use std::os::raw::c_int;
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyBufferError, PyIndexError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PySlice, PyTuple};
+use shardstream_streamer::RawSample;
+
+/// Read-only bytes owned by Rust (exported as `shardstream.Buffer`).
+#[pyclass(module = "shardstream._native", name = "Buffer", frozen)]
+pub struct Buffer {
+    data: Bytes,
+}
+
+impl Buffer {
+    /// A buffer over `data` (no copy).
+    pub fn new(data: Bytes) -> Self {
+        Buffer { data }
+    }
+
+    /// Column `column` of `sample`, without a copy: the buffer shares the sample's read.
+    pub fn column(sample: &RawSample, column: usize) -> Option<Self> {
+        // `columns()` returns slices of the sample's `Arc`-held read; keeping a clone of the
+        // sample keeps that read alive, and its bytes are never written after the read.
+        if column >= sample.columns().len() {
+            return None;
+        }
+        Some(Buffer::new(Bytes::from_owner(ColumnOf {
+            sample: sample.clone(),
+            column,
+        })))
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// One column of a sample, as an owner for [`Bytes::from_owner`].
+struct ColumnOf {
+    sample: RawSample,
+    column: usize,
+}
+
+impl AsRef<[u8]> for ColumnOf {
+    fn as_ref(&self) -> &[u8] {
+        // `Buffer::column` checked the index; the same sample always gives the same slice.
+        self.sample
+            .columns()
+            .get(self.column)
+            .copied()
+            .unwrap_or(&[])
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    /// Exports the bytes read-only (`PyBUF_WRITABLE` requests fail).
+    ///
+    /// # Safety
+    /// Called by CPython with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("no buffer view to fill"));
+        }
+        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("a shardstream Buffer is read-only"));
+        }
+        let data = slf.get().data.as_ref();
+        let len = ffi::Py_ssize_t::try_from(data.len())
+            .map_err(|_| PyBufferError::new_err("buffer larger than Py_ssize_t"))?;
+        // SAFETY: the pointer stays valid for the view's whole life. `PyBuffer_FillInfo` stores
+        // a new reference to `slf` in `view.obj`, so the `Buffer` (and the `Bytes` it owns)
+        // lives until the consumer releases the view; the struct is frozen and `Bytes` is
+        // immutable, so the bytes behind the pointer never move or change. The view is
+        // read-only (`readonly = 1`), so no consumer writes through the `*mut` cast either.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                data.as_ptr() as *mut std::ffi::c_void,
+                len,
+                1,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// Nothing to free: the view's format string is static and CPython drops `view.obj`.
+    ///
+    /// # Safety
+    /// Called by CPython with the view `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    /// A `bytes` copy.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+
+    /// `buf[i]` is an int (as for `bytes`); `buf[a:b]` is a `Buffer` over the same bytes.
+    fn __getitem__<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Py<PyAny>> {
+        let n = self.data.len();
+        if let Ok(slice) = key.cast::<PySlice>() {
+            let ind = slice.indices(n as isize)?;
+            if ind.step == 1 {
+                let (start, stop) = (ind.start as usize, (ind.stop.max(ind.start)) as usize);
+                return Ok(Buffer::new(self.data.slice(start..stop))
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind());
+            }
+            let picked: Vec<u8> = (0..ind.slicelength)
+                .map(|k| self.data[(ind.start + k as isize * ind.step) as usize])
+                .collect();
+            return Ok(PyBytes::new(py, &picked).into_any().unbind());
+        }
+        let i: isize = key.extract()?;
+        let at = if i < 0 { i + n as isize } else { i };
+        if at < 0 || at as usize >= n {
+            return Err(PyIndexError::new_err(format!(
+                "index {i} out of range for a buffer of {n} bytes"
+            )));
+        }
+        Ok(self.data[at as usize]
+            .into_pyobject(py)?
+            .into_any()
+            .unbind())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        match other.cast::<Buffer>() {
+            Ok(b) => b.get().data == self.data,
+            Err(_) => other
+                .cast::<PyBytes>()
+                .is_ok_and(|b| b.as_bytes() == self.data.as_ref()),
+        }
+    }
+
+    /// Pickles as `bytes` (a DataLoader worker sends it to the main process that way).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let bytes_type = py.get_type::<PyBytes>();
+        (bytes_type, (PyBytes::new(py, &self.data),)).into_pyobject(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("shardstream.Buffer({} bytes)", self.data.len())
+    }
+}

@@ -1,0 +1,120 @@
+"""Zero-copy bytes: `shardstream.Buffer` exports Rust-owned sample bytes through the buffer
+protocol. With `zero_copy=True` the `bytes` columns of `__iter__` and `__getitem__` are Buffers
+over the engine's read; the variable-size columns of `iter_batches` are always Buffers. The
+values equal Mosaic's `bytes`, and memoryview, numpy and torch read them in place (read-only)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shardstream
+from conftest import write_ids
+
+N = 40
+EXTRA = 3000  # bytes of the `pad` column per sample
+
+
+def pad_of(i: int) -> bytes:
+    return bytes([i % 251]) * EXTRA
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zc") / "mds"
+    write_ids(root, N, size_limit=1 << 15, extra=EXTRA)
+    return root
+
+
+def test_default_iter_keeps_bytes_as_mosaic(padded, stream_env):
+    ds = shardstream.StreamingDataset(local=str(padded))
+    samples = list(ds)
+    assert [type(s["pad"]) for s in samples] == [bytes] * N
+    assert [s["pad"] for s in samples] == [pad_of(i) for i in range(N)]
+
+
+def test_zero_copy_iter_gives_buffers_equal_to_bytes(padded, stream_env):
+    ds = shardstream.StreamingDataset(local=str(padded), zero_copy=True)
+    samples = list(ds)
+    assert [s["id"] for s in samples] == list(range(N))
+    for i, s in enumerate(samples):
+        buf = s["pad"]
+        assert isinstance(buf, shardstream.Buffer)
+        assert len(buf) == EXTRA
+        assert bytes(buf) == pad_of(i)
+        assert buf == pad_of(i)
+        view = memoryview(buf)
+        assert view.readonly and view.nbytes == EXTRA and view.format == "B"
+        assert view.tobytes() == pad_of(i)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        assert not arr.flags.writeable
+        assert int(arr.sum()) == (i % 251) * EXTRA
+        with warnings.catch_warnings():  # torch warns (once) that the buffer is read-only
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(buf, dtype=torch.uint8)
+        assert t.numel() == EXTRA and int(t[0]) == i % 251
+        assert buf[0] == i % 251 and buf[-1] == i % 251
+        assert bytes(buf[10:20]) == pad_of(i)[10:20]
+        assert pickle.loads(pickle.dumps(buf)) == pad_of(i)
+    # Random access follows the same setting.
+    assert isinstance(ds[5]["pad"], shardstream.Buffer) and bytes(ds[5]["pad"]) == pad_of(5)
+
+
+def test_buffer_is_read_only_and_outlives_its_stream(padded, stream_env):
+    ds = shardstream.StreamingDataset(local=str(padded), zero_copy=True)
+    it = iter(ds)
+    first = next(it)["pad"]
+    view = memoryview(first)
+    with pytest.raises(TypeError):
+        view[0] = 1
+    with pytest.raises(ValueError):
+        np.frombuffer(first, dtype=np.uint8).setflags(write=True)
+    with pytest.raises(TypeError, match="not writable"):
+        ctypes.c_char.from_buffer(first)
+    # The rest of the epoch runs and the stream closes; the views still read the first sample.
+    rest = list(it)
+    del it, rest
+    gc.collect()
+    assert view.tobytes() == pad_of(0)
+    assert bytes(first) == pad_of(0)
+    view.release()
+
+
+def test_zero_copy_survives_a_dataloader(padded, stream_env):
+    """A DataLoader worker sends a Buffer to the main process as `bytes` (its pickle form)."""
+    ds = shardstream.StreamingDataset(local=str(padded), zero_copy=True, batch_size=4)
+    seen = {}
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                        collate_fn=lambda batch: batch)
+    for batch in loader:
+        for s in batch:
+            seen[int(s["id"])] = s["pad"]
+    assert sorted(seen) == list(range(N))
+    assert all(bytes(seen[i]) == pad_of(i) for i in range(N))
+
+
+def test_iter_batches_var_columns_are_buffers(padded, stream_env):
+    ds = shardstream.StreamingDataset(local=str(padded))
+    ids: list[int] = []
+    for batch in ds.iter_batches(16):
+        pad = batch["pad"]
+        assert isinstance(pad, shardstream.VarColumn)
+        assert isinstance(pad.data, shardstream.Buffer)
+        assert len(pad.data) == EXTRA * len(pad)
+        got = [int(i) for i in batch["id"]]
+        assert pad.tolist() == [pad_of(i) for i in got]
+        assert all(pad[k].tobytes() == pad_of(i) for k, i in enumerate(got))
+        flat = np.frombuffer(pad.data, dtype=np.uint8).reshape(len(pad), EXTRA)
+        assert [int(r[0]) for r in flat] == [i % 251 for i in got]
+        # Fixed-size columns are numpy arrays reading a Buffer in place.
+        assert batch["x"].dtype == np.uint32 and not batch["x"].flags.writeable
+        assert [int(v) for v in batch["x"]] == [3 * i for i in got]
+        ids.extend(got)
+    assert ids == list(range(N))
