@@ -13,13 +13,18 @@ use std::time::Duration;
 use crossbeam_channel::{bounded as sync_channel, Receiver, RecvTimeoutError};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use shardstream_sharding::mds::Encoding;
 use shardstream_sharding::value::DType;
 use shardstream_sharding::FormatError;
-use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, Remainder, StreamState, World};
-use shardstream_streamer::{RawSample, StreamPlan, StreamingConfig, StreamingDataset};
+use shardstream_streamer::order::{
+    EpochOrder, OrderConfig, Rank, Remainder, StreamState, Weight, World,
+};
+use shardstream_streamer::{
+    RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
+};
 
+use crate::buffer::Buffer;
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
 
@@ -62,6 +67,69 @@ fn remainder_name(r: Remainder) -> &'static str {
     }
 }
 
+/// One stream of a mix as Python passes it: `(remote, split, weight kind, weight value)`, the
+/// kind one of `natural`, `proportion`, `repeat`, `choose` (Mosaic's `Stream` arguments).
+type PyStream = (String, Option<String>, String, f64);
+
+fn stream_spec((remote, split, kind, value): PyStream) -> PyResult<StreamSpec> {
+    let weight = match kind.as_str() {
+        "natural" => Weight::Natural,
+        "proportion" => Weight::Proportion(value),
+        "repeat" => Weight::Repeat(value),
+        "choose" if value >= 0.0 && value.fract() == 0.0 && value < u64::MAX as f64 => {
+            Weight::Choose(value as u64)
+        }
+        "choose" => {
+            return Err(PyValueError::new_err(format!(
+                "choose must be a whole number of samples, got {value}"
+            )))
+        }
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "stream weight must be natural, proportion, repeat or choose, got {other:?}"
+            )))
+        }
+    };
+    Ok(StreamSpec {
+        remote,
+        split,
+        weight,
+        location: None,
+    })
+}
+
+/// An error from opening a dataset, worded for Python: the run-id resolver names the CLI flags
+/// (`--run-id`, `--node-rank`); a Python caller passes `run_id=` / `node_rank=` instead.
+fn open_error(err: StreamerError) -> PyErr {
+    let run_setting = matches!(&err, StreamerError::InvalidConfig { setting, .. }
+        if setting.contains("run_id") || setting.contains("node_rank"));
+    if !run_setting {
+        return from_streamer(err);
+    }
+    PyValueError::new_err(python_wording(&err.to_string()))
+}
+
+/// Rewrites the CLI's flag names in a run-id message into `StreamingDataset`'s arguments, and
+/// makes sure a missing run id names both ways to give one. A message already worded for
+/// Python is kept.
+fn python_wording(msg: &str) -> String {
+    let mut out = msg.to_string();
+    if !out.contains("run_id=") {
+        out = out.replace("--run-id", "run_id=");
+    }
+    if !out.contains("node_rank=") {
+        out = out.replace("--node-rank", "node_rank=");
+    }
+    if out.to_lowercase().contains("no run id")
+        && !(out.contains("run_id=") && out.contains("SHARDSTREAM_RUN_ID"))
+    {
+        out.push_str(
+            " (from Python: pass StreamingDataset(..., run_id=...) or set SHARDSTREAM_RUN_ID)",
+        );
+    }
+    out
+}
+
 fn order_config(
     seed: u64,
     shuffle: bool,
@@ -83,9 +151,13 @@ fn order_config(
 #[pymethods]
 impl NativeDataset {
     #[new]
+    /// `streams` (each `(remote, split, weight kind, weight value)`) mixes several datasets as
+    /// Mosaic's `streams=` does; `remote` and `split` are then ignored. `zero_copy` gives `bytes`
+    /// columns as `Buffer`s.
     #[pyo3(signature = (remote, *, split=None, local=None, cache_root=None, run_id=None,
         node_rank=None, memory_limit=None, cache_limit=None, copy_local=false,
-        validate_hash=false, allow_unsafe_types=false))]
+        validate_hash=false, allow_unsafe_types=false, streams=None, epoch_size=None,
+        zero_copy=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -100,6 +172,9 @@ impl NativeDataset {
         copy_local: bool,
         validate_hash: bool,
         allow_unsafe_types: bool,
+        streams: Option<Vec<PyStream>>,
+        epoch_size: Option<u64>,
+        zero_copy: bool,
     ) -> PyResult<Self> {
         let limit = memory_limit.unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
         let binding_bytes = limit / BINDING_SHARE;
@@ -118,15 +193,21 @@ impl NativeDataset {
             validate_hash,
             allow_unsafe_types,
         };
-        let ds =
-            interruptible(py, move || StreamingDataset::open(config))?.map_err(from_streamer)?;
+        let specs = streams
+            .map(|s| s.into_iter().map(stream_spec).collect::<PyResult<Vec<_>>>())
+            .transpose()?;
+        let ds = interruptible(py, move || match specs {
+            Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
+            None => StreamingDataset::open(config),
+        })?
+        .map_err(open_error)?;
         let mut names = Vec::new();
         let mut encodings = Vec::new();
         for (name, enc) in ds.columns() {
             names.push(name.clone());
             encodings.push(Encoding::parse(enc).map_err(from_format)?);
         }
-        let decoder = Arc::new(Decoder::new(py, names, encodings));
+        let decoder = Arc::new(Decoder::new(py, names, encodings, zero_copy));
         Ok(NativeDataset {
             ds: Arc::new(ds),
             chunk_bytes,
@@ -158,18 +239,23 @@ impl NativeDataset {
         self.ds.cache_dir().to_path_buf()
     }
 
-    /// Sample count of every shard, in index order.
+    /// Sample count of every shard, in index order (the shards of all streams, one stream
+    /// after the other).
     fn shard_sizes(&self) -> Vec<u64> {
-        (0..self.ds.num_shards())
-            .map(|s| {
-                let first = self.first_of(s);
-                let next = if s + 1 < self.ds.num_shards() {
-                    self.first_of(s + 1)
-                } else {
-                    self.ds.num_samples()
-                };
-                next.saturating_sub(first)
-            })
+        let shape = self.ds.shape();
+        (0..shape.num_shards())
+            .map(|s| shape.shard_len(s).unwrap_or(0))
+            .collect()
+    }
+
+    /// Per stream, in order: `(samples, samples per epoch)` (the second is the stream's
+    /// weight resolved as Mosaic resolves `proportion`, `repeat` and `choose`).
+    fn stream_sizes(&self) -> Vec<(u64, u64)> {
+        self.ds
+            .shape()
+            .streams()
+            .iter()
+            .map(|e| (e.shape.num_samples(), e.choose))
             .collect()
     }
 
@@ -390,19 +476,6 @@ impl NativeDataset {
         py.detach(|| EpochOrder::new(self.ds.shape(), config, epoch))
             .map_err(from_streamer)
     }
-
-    fn first_of(&self, shard: usize) -> u64 {
-        // shard_of is monotone in the sample id: binary search for the shard's first sample.
-        let (mut lo, mut hi) = (0u64, self.ds.num_samples());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.ds.shard_of(mid) {
-                Some((s, _)) if s < shard => lo = mid + 1,
-                _ => hi = mid,
-            }
-        }
-        lo
-    }
 }
 
 /// Runs `f` on a helper thread and waits for it with the GIL released, checking for signals
@@ -442,13 +515,7 @@ fn parse_raw(
     let name = ds
         .shard_name(raw.shard())
         .map_or_else(|| format!("shard {}", raw.shard()), str::to_string);
-    parse_sample(
-        decoder.encodings(),
-        decoder.names(),
-        &raw.columns(),
-        &name,
-        raw.index_in_shard(),
-    )
+    parse_sample(decoder.encodings(), decoder.names(), raw, &name)
 }
 
 enum Item {
@@ -532,10 +599,10 @@ impl NativeStream {
     }
 
     /// Up to `n` samples as columns: `(count, {name: column})`, where a fixed-size numeric
-    /// column is `(dtype, shape, bytes)` ready for `np.frombuffer(...).reshape(count, *shape)`
-    /// and any other column is `(None, offsets_bytes, bytes)`: the columns' bytes laid end to
-    /// end and `count + 1` little-endian u64 offsets into them. One copy per column per batch,
-    /// no Python object per sample.
+    /// column is `(dtype, shape, Buffer)` ready for `np.frombuffer(...).reshape(count, *shape)`
+    /// and any other column is `(None, offsets, Buffer)`: the columns' bytes laid end to end and
+    /// a `Buffer` of `count + 1` little-endian u64 offsets into them. One copy per column per
+    /// batch, made with the GIL released; no Python object per sample.
     #[pyo3(signature = (n, columns=None))]
     fn next_columns<'py>(
         &self,
@@ -565,46 +632,30 @@ impl NativeStream {
                 })
                 .collect::<PyResult<_>>()?,
         };
-        let out = PyDict::new(py);
         let count = raws.len();
-        let split: Vec<Vec<&[u8]>> = raws.iter().map(RawSample::columns).collect();
-        for &c in &wanted {
-            let enc = &self.decoder.encodings()[c];
-            let parts: Vec<&[u8]> = split
+        let encodings = self.decoder.encodings();
+        // Each column's values laid end to end with the GIL released: the one copy of the batch
+        // path. Python gets the result as `Buffer`s (numpy and memoryview read them in place).
+        let gathered: Vec<(usize, Gathered)> = py.detach(|| {
+            let split: Vec<Vec<&[u8]>> = raws.iter().map(RawSample::columns).collect();
+            wanted
                 .iter()
-                .map(|cols| cols.get(c).copied().unwrap_or(&[]))
-                .collect();
-            let total: usize = parts.iter().map(|p| p.len()).sum();
-            let data = PyBytes::new_with(py, total, |buf| {
-                let mut at = 0;
-                for p in &parts {
-                    buf[at..at + p.len()].copy_from_slice(p);
-                    at += p.len();
-                }
-                Ok(())
-            })?;
-            let value = match fixed_numeric(enc) {
-                Some((dtype, shape))
-                    if parts
-                        .iter()
-                        .all(|p| p.len() as u64 == elem_bytes(dtype, &shape)) =>
-                {
-                    (
-                        Some(dtype.name()),
-                        PyTuple::new(py, &shape)?.into_any(),
-                        data,
-                    )
-                        .into_pyobject(py)?
-                }
-                _ => {
-                    let mut offsets = Vec::with_capacity((count + 1) * 8);
-                    let mut at = 0u64;
-                    offsets.extend_from_slice(&at.to_le_bytes());
-                    for p in &parts {
-                        at += p.len() as u64;
-                        offsets.extend_from_slice(&at.to_le_bytes());
-                    }
-                    (None::<&str>, PyBytes::new(py, &offsets).into_any(), data).into_pyobject(py)?
+                .map(|&c| (c, gather(&split, c, &encodings[c])))
+                .collect()
+        });
+        let out = PyDict::new(py);
+        for (c, g) in gathered {
+            let data = Buffer::new(g.data.into()).into_pyobject(py)?;
+            let value = match g.fixed {
+                Some((dtype, shape)) => (
+                    Some(dtype.name()),
+                    PyTuple::new(py, &shape)?.into_any(),
+                    data,
+                )
+                    .into_pyobject(py)?,
+                None => {
+                    let offsets = Buffer::new(g.offsets.into()).into_pyobject(py)?;
+                    (None::<&str>, offsets.into_any(), data).into_pyobject(py)?
                 }
             };
             out.set_item(&names[c], value)?;
@@ -619,6 +670,48 @@ impl NativeStream {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+}
+
+/// One column of a batch, laid end to end.
+struct Gathered {
+    /// `(dtype, shape)` when every value is one fixed-size number or array.
+    fixed: Option<(DType, Vec<u64>)>,
+    /// Otherwise `count + 1` little-endian u64 offsets into `data`.
+    offsets: Vec<u8>,
+    data: Vec<u8>,
+}
+
+/// Column `c` of every sample of `split` (each sample's raw columns), end to end.
+fn gather(split: &[Vec<&[u8]>], c: usize, enc: &Encoding) -> Gathered {
+    let parts: Vec<&[u8]> = split
+        .iter()
+        .map(|cols| cols.get(c).copied().unwrap_or(&[]))
+        .collect();
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut data = Vec::with_capacity(total);
+    for p in &parts {
+        data.extend_from_slice(p);
+    }
+    let fixed = fixed_numeric(enc).filter(|(dtype, shape)| {
+        parts
+            .iter()
+            .all(|p| p.len() as u64 == elem_bytes(*dtype, shape))
+    });
+    let mut offsets = Vec::new();
+    if fixed.is_none() {
+        offsets.reserve((parts.len() + 1) * 8);
+        let mut at = 0u64;
+        offsets.extend_from_slice(&at.to_le_bytes());
+        for p in &parts {
+            at += p.len() as u64;
+            offsets.extend_from_slice(&at.to_le_bytes());
+        }
+    }
+    Gathered {
+        fixed,
+        offsets,
+        data,
     }
 }
 

@@ -14,8 +14,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from shardstream import _native
+from shardstream._native import Buffer
 from shardstream._units import parse_bytes
 from shardstream._world import Placement, placement
+from shardstream.streams import Stream
 
 try:  # torch is optional: without it the dataset is a plain iterable.
     from torch.utils.data import IterableDataset as _Base
@@ -28,7 +30,7 @@ DEFAULT_WINDOW = 16
 # Mosaic arguments that shardstream accepts for a one-line switch but does not need: the engine
 # has its own download scheduling, sample order and partition.
 _IGNORED_MOSAIC_ARGS = {
-    "streams", "download_retry", "download_timeout", "keep_zip", "epoch_size",
+    "download_retry", "download_timeout", "keep_zip",
     "sampling_method", "sampling_granularity", "partition_algo", "shuffle_algo",
     "batching_method", "replication", "allow_unsafe_types_in_streams",
 }
@@ -36,11 +38,12 @@ _IGNORED_MOSAIC_ARGS = {
 
 class VarColumn:
     """A variable-size column of a batch from `iter_batches`: all values' bytes end to end in
-    one `bytes` object (`data`) and `len + 1` offsets. Indexing gives a zero-copy `memoryview`."""
+    one Rust-owned `Buffer` (`data`, read-only, no copy into Python) and `len + 1` offsets.
+    Indexing gives a zero-copy `memoryview`; `np.frombuffer(col.data, ...)` reads it in place."""
 
     __slots__ = ("data", "offsets", "encoding")
 
-    def __init__(self, data: bytes, offsets: np.ndarray, encoding: str) -> None:
+    def __init__(self, data: Buffer | bytes, offsets: np.ndarray, encoding: str) -> None:
         self.data = data
         self.offsets = offsets
         self.encoding = encoding
@@ -71,8 +74,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     """Streams an MDS dataset into PyTorch; Mosaic's arguments, shardstream's engine.
 
     `remote` is the dataset (`s3://`, `gs://`, `az://`, a path); `local` is where its shards are
-    cached (Mosaic's meaning) or, without `remote`, the dataset itself. Samples are dicts decoded
-    as Mosaic decodes them. See docs/python.md for every argument and for resume.
+    cached (Mosaic's meaning) or, without `remote`, the dataset itself. `streams` (a list of
+    `shardstream.Stream`) mixes several datasets instead, with `epoch_size` as in Mosaic. Samples
+    are dicts decoded as Mosaic decodes them; with `zero_copy=True`, `bytes` columns come as
+    read-only `shardstream.Buffer`s over the engine's read (no copy) instead of `bytes`. See
+    docs/python.md for every argument and for resume.
     """
 
     def __init__(
@@ -80,6 +86,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         remote: str | None = None,
         local: str | None = None,
         *,
+        streams: Sequence[Stream] | None = None,
+        epoch_size: int | None = None,
         split: str | None = None,
         shuffle: bool = False,
         shuffle_seed: int = DEFAULT_SEED,
@@ -96,6 +104,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         cache_root: str | None = None,
         run_id: str | None = None,
         node_rank: int | None = None,
+        zero_copy: bool = False,
         **kwargs: Any,
     ) -> None:
         unknown = set(kwargs) - _IGNORED_MOSAIC_ARGS
@@ -106,8 +115,20 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 f"shardstream ignores the mosaicml-streaming arguments {sorted(kwargs)}",
                 stacklevel=2,
             )
-        if remote is None and local is None:
+        if streams is not None:
+            streams = list(streams)
+            if not streams:
+                raise ValueError("streams must hold at least one Stream")
+            if remote is not None or local is not None:
+                raise ValueError("give either streams or remote/local, not both")
+            if not all(isinstance(s, Stream) for s in streams):
+                raise TypeError("streams must be a list of shardstream.Stream")
+        elif remote is None and local is None:
             raise ValueError("StreamingDataset needs remote, local, or both")
+        if epoch_size is not None:
+            epoch_size = int(epoch_size)
+            if epoch_size < 0:
+                raise ValueError(f"epoch_size must not be negative, got {epoch_size}")
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
         self.remote = remote
@@ -120,8 +141,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self.predownload = predownload
         self.num_canonical_nodes = num_canonical_nodes
         self.remainder = remainder
+        self.streams = streams
+        self.zero_copy = bool(zero_copy)
+        specs = [s._native_spec() for s in streams] if streams is not None else None
         self._open_args = dict(
-            remote=remote if remote is not None else local,
+            remote=specs[0][0] if specs else (remote if remote is not None else local),
+            streams=specs,
+            epoch_size=epoch_size,
+            zero_copy=self.zero_copy,
             split=split,
             local=local if remote is not None else None,
             cache_root=cache_root,
@@ -164,6 +191,21 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def num_samples(self) -> int:
         """Samples in the dataset."""
         return self._native().num_samples
+
+    @property
+    def samples_per_stream(self) -> list[int]:
+        """Samples in each stream (one entry without `streams`), as Mosaic's attribute."""
+        return [n for n, _ in self._native().stream_sizes()]
+
+    @property
+    def choose_per_stream(self) -> list[int]:
+        """Samples each stream gives an epoch: its weight resolved as Mosaic resolves it."""
+        return [k for _, k in self._native().stream_sizes()]
+
+    @property
+    def epoch_size(self) -> int:
+        """Samples in an epoch before padding (all streams' `choose` together), as Mosaic's."""
+        return sum(self.choose_per_stream)
 
     @property
     def columns(self) -> dict[str, str]:

@@ -1,0 +1,85 @@
+"""`Stream`: one dataset of a mix, as mosaicml-streaming's `streaming.Stream`.
+
+`StreamingDataset(streams=[Stream(...), ...])` mixes several MDS datasets into one epoch. The
+weights mean what they mean in Mosaic (at most one per stream):
+
+- `proportion`: relative; every stream then needs one. The epoch has `epoch_size` samples
+  (default: all streams' samples together), split in proportion.
+- `repeat`: `floor(repeat * samples)` samples of this stream per epoch (below 1 takes a subset).
+- `choose`: exactly this many samples per epoch.
+- none: every sample once (or, with `epoch_size` and no weights at all, a share proportional to
+  the stream's size).
+
+The mix itself (which samples, in which order) is computed by the Rust engine; it is
+deterministic for a seed and resumable like a single dataset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Mosaic `Stream` arguments accepted for a one-line switch and not needed here: the engine has
+# its own retries, timeouts and hash checks (set on the dataset).
+_IGNORED_STREAM_ARGS = {"download_retry", "download_timeout", "validate_hash", "keep_zip"}
+
+
+class Stream:
+    """One dataset of a mix: where it is (`remote`, `local`, `split`) and how much of each epoch
+    it gives (`proportion`, `repeat` or `choose`).
+
+    `remote` is the dataset (`s3://`, `gs://`, `az://`, a path). Without `remote`, `local` is the
+    dataset itself. With both, `local` is accepted for Mosaic compatibility, but the shards of
+    every stream are cached in the run's node cache (`cache_root`/`run_id`), not in `local`.
+    """
+
+    def __init__(
+        self,
+        *,
+        remote: str | None = None,
+        local: str | None = None,
+        split: str | None = None,
+        proportion: float | None = None,
+        repeat: float | None = None,
+        choose: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = set(kwargs) - _IGNORED_STREAM_ARGS
+        if unknown:
+            raise TypeError(f"Stream got unexpected arguments: {sorted(unknown)}")
+        if remote is None and local is None:
+            raise ValueError("Stream needs remote, local, or both")
+        given = [(k, v) for k, v in (("proportion", proportion), ("repeat", repeat),
+                                     ("choose", choose)) if v is not None]
+        if len(given) > 1:
+            raise ValueError("At most one of `proportion`, `repeat`, and `choose` may be given, "
+                             f"got {[k for k, _ in given]}")
+        for name, value in given:
+            if value < 0:
+                raise ValueError(f"`{name}` must be non-negative, got {value}")
+        if choose is not None and int(choose) != choose:
+            raise ValueError(f"`choose` must be a whole number of samples, got {choose}")
+        self.remote = remote
+        self.local = local
+        self.split = split
+        self.proportion = proportion
+        self.repeat = repeat
+        self.choose = choose
+
+    def _native_spec(self) -> tuple[str, str | None, str, float]:
+        """`(dataset, split, weight kind, weight value)` as `NativeDataset(streams=...)` takes it."""
+        where = self.remote if self.remote is not None else self.local
+        assert where is not None  # checked in __init__
+        if self.proportion is not None:
+            return (where, self.split, "proportion", float(self.proportion))
+        if self.repeat is not None:
+            return (where, self.split, "repeat", float(self.repeat))
+        if self.choose is not None:
+            return (where, self.split, "choose", float(self.choose))
+        return (where, self.split, "natural", 0.0)
+
+    def __repr__(self) -> str:
+        weight = ", ".join(f"{k}={v!r}" for k, v in (("proportion", self.proportion),
+                                                     ("repeat", self.repeat),
+                                                     ("choose", self.choose)) if v is not None)
+        where = f"remote={self.remote!r}" if self.remote is not None else f"local={self.local!r}"
+        return f"Stream({where}{', ' + weight if weight else ''})"

@@ -1,0 +1,119 @@
+"""`streams=`: several MDS datasets mixed as mosaicml-streaming's `Stream`s (`proportion`, `repeat`,
+`choose`, `epoch_size`). Through a DataLoader with 2 workers the epoch is deterministic, holds the
+number of samples Mosaic computes, and each stream contributes what Mosaic's own
+`StreamingDataset` yields for the same arguments on the same (MDSWriter-written) data."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardstream
+
+A_N, B_N = 120, 40
+BATCH = 4
+
+
+def _write(out, src: str, n: int) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns={"id": "int", "src": "str"}, size_limit=400) as w:
+        for i in range(n):
+            w.write({"id": i, "src": src})
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streams")
+    _write(root / "a", "a", A_N)
+    _write(root / "b", "b", B_N)
+    return root
+
+
+def _ours(root, weights: list[dict], epoch: int = 0, workers: int = 2, **kw) -> list[tuple[str, int]]:
+    streams = [shardstream.Stream(local=str(root / name), **w) for name, w in zip("ab", weights)]
+    ds = shardstream.StreamingDataset(streams=streams, shuffle=True, shuffle_seed=5,
+                                      batch_size=BATCH, **kw)
+    ds.set_epoch(epoch)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=workers,
+                        multiprocessing_context="fork" if workers else None,
+                        collate_fn=lambda batch: batch)
+    return [(s["src"], int(s["id"])) for batch in loader for s in batch]
+
+
+def _mosaic(root, weights: list[dict], **kw) -> list[tuple[str, int]]:
+    from streaming import Stream, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    streams = [Stream(local=str(root / name), **w) for name, w in zip("ab", weights)]
+    ds = StreamingDataset(streams=streams, shuffle=True, shuffle_seed=5, batch_size=BATCH,
+                          num_canonical_nodes=1, **kw)
+    return [(s["src"], int(s["id"])) for s in ds]
+
+
+def _profile(samples: list[tuple[str, int]]) -> dict:
+    """Per stream: how many samples, and how many distinct ids appear 1, 2, ... times."""
+    out = {}
+    for src in "ab":
+        ids = Counter(i for s, i in samples if s == src)
+        out[src] = (sum(ids.values()), sorted(Counter(ids.values()).items()))
+    return out
+
+
+CASES = {
+    # Relative: the epoch (all samples, 160) split 1:1 -> 80 of A's 120, B's 40 twice each.
+    "proportion": ([{"proportion": 1.0}, {"proportion": 1.0}], {}),
+    # Relative with an epoch size: 100 split 3:1.
+    "proportion+epoch_size": ([{"proportion": 3.0}, {"proportion": 1.0}], {"epoch_size": 100}),
+    # Absolute: half of A, and 50 of B (each once plus 10 twice).
+    "repeat+choose": ([{"repeat": 0.5}, {"choose": 50}], {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mix_matches_mosaic_per_stream(two, stream_env, case):
+    weights, kw = CASES[case]
+    ours = _ours(two, weights, **kw)
+    theirs = _mosaic(two, weights, **kw)
+    assert len(ours) == len(theirs), "epoch size differs from Mosaic's"
+    assert _profile(ours) == _profile(theirs)
+    ds = shardstream.StreamingDataset(
+        streams=[shardstream.Stream(local=str(two / n), **w) for n, w in zip("ab", weights)], **kw
+    )
+    assert ds.samples_per_stream == [A_N, B_N]
+    assert ds.epoch_size == len(theirs) and len(ds) == len(theirs)
+    assert sum(ds.choose_per_stream) == len(theirs)
+
+
+def test_mix_is_deterministic_and_epochs_differ(two, stream_env):
+    weights = [{"proportion": 1.0}, {"proportion": 1.0}]
+    first = _ours(two, weights, epoch=0)
+    assert _ours(two, weights, epoch=0) == first, "same seed and epoch, another order"
+    # The same sequence whatever the number of workers (the order does not depend on the world).
+    assert _ours(two, weights, epoch=0, workers=0) == first
+    second = _ours(two, weights, epoch=1)
+    assert second != first
+    assert _profile(second) == _profile(first) == {
+        "a": (80, [(1, 80)]),
+        "b": (80, [(2, 40)]),
+    }
+    # Balanced sampling: the 80 of A's 120 change from epoch to epoch.
+    assert {i for s, i in first if s == "a"} != {i for s, i in second if s == "a"}
+
+
+def test_stream_arguments_are_checked(two, stream_env):
+    with pytest.raises(ValueError, match="At most one"):
+        shardstream.Stream(local=str(two / "a"), proportion=1.0, choose=3)
+    with pytest.raises(ValueError, match="non-negative"):
+        shardstream.Stream(local=str(two / "a"), repeat=-1.0)
+    with pytest.raises(ValueError, match="either streams or remote/local"):
+        shardstream.StreamingDataset(local=str(two / "a"), streams=[shardstream.Stream(local=str(two / "b"))])
+    # Relative and absolute weights cannot be mixed (the engine's check, as Mosaic's).
+    with pytest.raises(ValueError, match="cannot be"):
+        shardstream.StreamingDataset(streams=[
+            shardstream.Stream(local=str(two / "a"), proportion=1.0),
+            shardstream.Stream(local=str(two / "b"), choose=3),
+        ])
