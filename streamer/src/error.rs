@@ -166,6 +166,9 @@ pub enum StreamerError {
         what: String,
         /// The download's error.
         reason: String,
+        /// Whether that error was a transient storage failure (see
+        /// [`StreamerError::is_transient`]).
+        transient: bool,
     },
     /// The fetch engine's runtime could not start or a background task died.
     #[error("fetch engine: {0}")]
@@ -177,6 +180,7 @@ impl StreamerError {
     pub fn is_transient(&self) -> bool {
         match self {
             StreamerError::Storage(e) => e.is_transient(),
+            StreamerError::FetchFailed { transient, .. } => *transient,
             StreamerError::Cache(CacheError::Fetch { source, .. }) => source
                 .downcast_ref::<StorageError>()
                 .is_some_and(StorageError::is_transient),

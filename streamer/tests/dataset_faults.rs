@@ -267,3 +267,44 @@ fn cache_limit_smaller_than_the_order_needs_fails_at_start() {
         ds.num_samples()
     );
 }
+
+/// Regression (issue 3): `get_range` retried for 120 s inside `open_shard`, which retried for
+/// another 120 s, so an outage took about 250 s to end in an error. One window now bounds both.
+#[test]
+fn an_outage_longer_than_the_retry_window_fails_after_about_one_window() {
+    use shardstream_storage::testing::{FailRule, FailingStore, Fault, OpKind};
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &Spec::small(300));
+    let server = moto_with(data.path(), &rt);
+    let location = s3_location(&server.endpoint(), "ds");
+    // Every GET of shard 1 fails as a server that answers 503 without end would.
+    let failing = Arc::new(
+        FailingStore::new(Arc::clone(location.store())).with_rule(
+            FailRule::new(Fault::Unavailable)
+                .on(OpKind::Get)
+                .path_contains("shard.00001.mds"),
+        ),
+    );
+    let location = location.map_store({
+        let failing = Arc::clone(&failing);
+        move |_| failing
+    });
+    let ds = StreamingDataset::open_at(config(cache.path(), None), location).unwrap();
+    let window = Duration::from_secs(2);
+    ds.set_retry_window(window);
+    assert!(ds.shard(0).is_ok());
+    let started = Instant::now();
+    let err = ds.shard(1).unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains("shard.00001.mds"), "{err}");
+    // Retried for the whole window, then given up: never a window per retry level. The upper
+    // bound is loose (a loaded machine); the bug it guards against took over a minute here.
+    assert!(took >= window, "gave up after {took:?}, before the window");
+    assert!(took < 10 * window, "took {took:?} for a {window:?} window");
+    let m = ds.metrics();
+    assert!(m.fetch_retries >= 2, "{m:?}");
+    assert!(failing.injected() >= 2);
+}

@@ -381,7 +381,7 @@ async fn serve_growing(
                 Err(e) => {
                     let e = named(e, &src.name);
                     warn!(shard = %src.name, error = %e, "fetch of a shard being served failed");
-                    publisher.fail(e.to_string());
+                    publisher.fail(e.to_string(), e.is_transient());
                 }
             }
             if let Ok(mut map) = ps.inflight.lock() {

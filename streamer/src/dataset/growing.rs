@@ -29,8 +29,9 @@ enum Progress {
     Written(u64),
     /// Complete, checked and moved into the cache.
     Done,
-    /// The writer gave up; the reason is shown to every waiting reader.
-    Failed(String),
+    /// The writer gave up; the reason (and whether it was transient) is shown to every
+    /// waiting reader.
+    Failed(String, bool),
 }
 
 /// The writer's side: publishes the complete prefix. Dropped without [`Publisher::done`] (an
@@ -80,9 +81,9 @@ impl Publisher {
     }
 
     /// The write failed for good.
-    pub(crate) fn fail(&self, reason: String) {
+    pub(crate) fn fail(&self, reason: String, transient: bool) {
         self.finished.store(true, Ordering::Release);
-        self.tx.send_replace(Progress::Failed(reason));
+        self.tx.send_replace(Progress::Failed(reason, transient));
     }
 }
 
@@ -90,7 +91,7 @@ impl Drop for Publisher {
     fn drop(&mut self) {
         if !self.finished.load(Ordering::Acquire) {
             self.tx
-                .send_replace(Progress::Failed("the fetch was abandoned".into()));
+                .send_replace(Progress::Failed("the fetch was abandoned".into(), false));
         }
     }
 }
@@ -102,9 +103,10 @@ impl Growing {
         match &*rx.borrow() {
             Progress::Written(n) => Ok(*n),
             Progress::Done => Ok(u64::MAX),
-            Progress::Failed(reason) => Err(StreamerError::FetchFailed {
+            Progress::Failed(reason, transient) => Err(StreamerError::FetchFailed {
                 what: self.what.to_string(),
                 reason: reason.clone(),
+                transient: *transient,
             }),
         }
     }
@@ -137,6 +139,7 @@ impl Growing {
                     Err(StreamerError::FetchFailed {
                         what: self.what.to_string(),
                         reason: "the fetch ended early".into(),
+                        transient: false,
                     })
                 };
             }

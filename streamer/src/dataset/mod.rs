@@ -118,12 +118,17 @@ impl StreamingConfig {
     /// of a range or a shard count against the same window, so an outage ends in an error
     /// after about one window. [`StreamingDataset::set_retry_window`] overrides it.
     pub fn retry_window(&self) -> Duration {
-        os_env(RETRY_WINDOW_ENV)
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
-            .unwrap_or(DEFAULT_RETRY_WINDOW)
+        retry_window_from(&os_env)
     }
+}
+
+/// The retry window an environment sets (seconds, fractions allowed), else the default.
+fn retry_window_from(env: &dyn Fn(&str) -> Option<String>) -> Duration {
+    env(RETRY_WINDOW_ENV)
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && (0.0..=1e9).contains(s))
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_RETRY_WINDOW)
 }
 
 /// Shared state of a dataset (behind the `Arc` every stream and task holds).
@@ -649,4 +654,31 @@ fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
                 hex: hex.clone(),
             })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_window_is_read_from_its_variable_else_120_s() {
+        let env =
+            |value: &'static str| move |k: &str| (k == RETRY_WINDOW_ENV).then(|| value.to_string());
+        assert_eq!(retry_window_from(&|_| None), Duration::from_secs(120));
+        assert_eq!(retry_window_from(&env("30")), Duration::from_secs(30));
+        assert_eq!(retry_window_from(&env(" 0.5 ")), Duration::from_millis(500));
+        for bad in ["", "-1", "soon", "inf", "NaN"] {
+            assert_eq!(
+                retry_window_from(&env(bad)),
+                DEFAULT_RETRY_WINDOW,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn in_place_folders_are_named_by_their_paths() {
+        assert_eq!(fnv1a(b"/data/a"), fnv1a(b"/data/a"));
+        assert_ne!(fnv1a(b"/data/a"), fnv1a(b"/data/b"));
+    }
 }

@@ -1,0 +1,126 @@
+//! Local datasets read in place: they need no run id (nothing is downloaded), the error when one
+//! is needed names every way to give it, and `validate_hash` checks in-place shards.
+//!
+//! One test in this binary: it clears the run id variables of its own process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{check_sample, write_dataset, Spec};
+use shardstream_launcher::resolve::{CACHE_DIR_ENV, RUN_ID_SOURCES};
+use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
+
+fn plan() -> StreamPlan {
+    StreamPlan {
+        order: OrderConfig {
+            seed: 3,
+            shuffle: true,
+            window: 2,
+            lanes: 1,
+            ..OrderConfig::default()
+        },
+        epoch: 0,
+        world: World::new(1, 1, 1, 1).unwrap(),
+        rank: Rank {
+            node: 0,
+            local_process: 0,
+            worker: 0,
+        },
+        start: 0,
+    }
+}
+
+fn local(remote: &std::path::Path, cache_root: &std::path::Path) -> StreamingConfig {
+    StreamingConfig {
+        remote: remote.display().to_string(),
+        cache_root: Some(cache_root.to_path_buf()),
+        memory_limit: Some(4 << 20),
+        ..StreamingConfig::default()
+    }
+}
+
+#[test]
+fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
+    // Edition 2021: `remove_var` is safe; this binary runs only this test.
+    for var in RUN_ID_SOURCES.iter().copied().chain([CACHE_DIR_ENV]) {
+        std::env::remove_var(var);
+    }
+    let cache = tempfile::tempdir().unwrap();
+
+    // 1. A raw local dataset read in place opens and streams without any run id.
+    let raw = tempfile::tempdir().unwrap();
+    let spec = Spec {
+        hashes: true,
+        ..Spec::small(400)
+    };
+    write_dataset(raw.path(), &spec);
+    let ds = StreamingDataset::open(local(raw.path(), cache.path())).unwrap();
+    let dir = ds.cache_dir().to_path_buf();
+    assert!(dir.starts_with(cache.path()), "{}", dir.display());
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("in-place-"), "{name}");
+    let mut n = 0;
+    for item in ds.stream(plan()).unwrap() {
+        let item = item.unwrap();
+        check_sample(
+            item.index,
+            &item.sample.decode().unwrap(),
+            spec.sample_bytes,
+        );
+        n += 1;
+    }
+    assert_eq!(n, spec.samples);
+    // Nothing was downloaded or copied: the folder holds no shard.
+    assert_eq!(ds.metrics().fetch_bytes, 0);
+    assert_eq!(ds.cache_usage().unwrap(), 0);
+    // The folder is deterministic: the same dataset gets the same one.
+    let again = StreamingDataset::open(local(raw.path(), cache.path())).unwrap();
+    assert_eq!(again.cache_dir(), dir);
+
+    // 2. A dataset that must be copied into the cache (here: `copy_local`) needs a run id,
+    //    and the error says how to give one from Python, Rust or the environment.
+    let err = StreamingDataset::open(StreamingConfig {
+        copy_local: true,
+        ..local(raw.path(), cache.path())
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, StreamerError::InvalidConfig { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for needed in ["run_id=", "SHARDSTREAM_RUN_ID", "--run-id"] {
+        assert!(text.contains(needed), "{needed} missing from: {text}");
+    }
+    // With a run id it opens under <root>/<run>/<node>/.
+    let copied = StreamingDataset::open(StreamingConfig {
+        copy_local: true,
+        run_id: Some("r1".into()),
+        node_rank: Some(0),
+        ..local(raw.path(), cache.path())
+    })
+    .unwrap();
+    assert_eq!(copied.cache_dir(), cache.path().join("r1").join("0"));
+
+    // 3. validate_hash checks shards read in place: a flipped byte (same size) in shard 1 is
+    //    an error naming it; without validate_hash only the size is checked.
+    let shard1 = raw.path().join("shard.00001.mds");
+    let mut bytes = std::fs::read(&shard1).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&shard1, &bytes).unwrap();
+    let checked = StreamingDataset::open(StreamingConfig {
+        validate_hash: true,
+        ..local(raw.path(), cache.path())
+    })
+    .unwrap();
+    let good = checked.shard(0).unwrap();
+    assert_eq!(good.num_samples(), checked.shard(0).unwrap().num_samples());
+    let err = checked.shard(1).unwrap_err();
+    assert!(matches!(err, StreamerError::HashMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains("shard.00001.mds"), "{err}");
+    let unchecked = StreamingDataset::open(local(raw.path(), cache.path())).unwrap();
+    assert!(unchecked.shard(1).is_ok());
+}
