@@ -59,6 +59,7 @@ pub mod checksum;
 mod commit;
 pub mod config;
 mod error;
+pub mod fetch;
 mod gc;
 pub mod layout;
 pub mod manifest;

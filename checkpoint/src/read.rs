@@ -3,16 +3,18 @@
 
 use crate::checksum::{combine_parts, crc32c, Crc32c};
 use crate::error::{CheckpointError, Result};
+use crate::fetch::{cut, read_pieces, ReadTarget};
 use crate::layout::join;
 use crate::manifest::{FileRecord, Manifest};
 use crate::metrics::add;
 use crate::CheckpointRoot;
-use bytes::{Bytes, BytesMut};
-use futures::{StreamExt, TryStreamExt};
+use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 use tracing::{info_span, Instrument};
 
@@ -32,7 +34,9 @@ pub struct ReadConfig {
 impl Default for ReadConfig {
     fn default() -> Self {
         Self {
-            chunk_size: 64 << 20,
+            // 16 MiB: large enough for full-speed GETs, small enough that one file is read
+            // by several requests (or threads, for a local directory) at once.
+            chunk_size: 16 << 20,
             max_concurrent_requests: 16,
             max_concurrent_files: 8,
             verify_chunk_size: 16 << 20,
@@ -178,62 +182,41 @@ impl CheckpointReader {
     }
 
     async fn fetch(&self, rec: &FileRecord, full: Path, range: Range<u64>) -> Result<Bytes> {
-        let mut pieces = Vec::new();
-        let mut off = range.start;
-        while off < range.end {
-            let pi = part_index(rec, off);
-            let pend = rec.part_range(pi).map_or(range.end, |r| r.end);
-            let end = range
-                .end
-                .min(pend)
-                .min(off.saturating_add(self.config.chunk_size));
-            if end <= off {
-                break;
-            }
-            pieces.push((pi, off..end));
-            off = end;
-        }
-        let store = self.root.store();
-        let metrics = self.root.metrics();
-        let fetched: Vec<(usize, Range<u64>, Bytes, u32)> = futures::stream::iter(pieces)
-            .map(|(pi, r)| {
-                let full = &full;
-                async move {
-                    add(&metrics.get_requests, 1);
-                    let b = store
-                        .get_range(full, r.clone())
-                        .await
-                        .map_err(|e| CheckpointError::store("get", full, e))?;
-                    if b.len() as u64 != r.end - r.start {
-                        return Err(CheckpointError::SizeMismatch {
-                            path: full.clone(),
-                            expected: r.end - r.start,
-                            actual: b.len() as u64,
-                        });
-                    }
-                    add(&metrics.bytes_read, b.len() as u64);
-                    let crc = crc32c(&b);
-                    Ok((pi, r, b, crc))
-                }
-            })
-            .buffered(self.config.max_concurrent_requests)
-            .try_collect()
-            .await?;
+        let align = if rec.parts.is_empty() {
+            0
+        } else {
+            rec.part_size
+        };
+        let pieces = cut(range.clone(), self.config.chunk_size, align);
+        let local = self.local_file(rec);
+        let target = ReadTarget {
+            store: self.root.store(),
+            path: &full,
+            local: local.as_deref(),
+        };
+        let (bytes, crcs) = read_pieces(
+            target,
+            &pieces,
+            self.config.max_concurrent_requests,
+            self.root.metrics(),
+        )
+        .await?;
 
         // Check every part covered whole by combining its pieces' checksums.
         let mut i = 0;
-        while i < fetched.len() {
-            let pi = fetched[i].0;
+        while i < pieces.len() {
+            let pi = part_index(rec, pieces[i].start);
             let mut j = i;
-            while j < fetched.len() && fetched[j].0 == pi {
+            while j < pieces.len() && part_index(rec, pieces[j].start) == pi {
                 j += 1;
             }
             if let (Some(pr), Some(expected)) = (rec.part_range(pi), rec.part_crc(pi)) {
                 if range.start <= pr.start && range.end >= pr.end {
                     let actual = combine_parts(
-                        fetched[i..j]
+                        pieces[i..j]
                             .iter()
-                            .map(|(_, r, _, c)| (*c, r.end - r.start)),
+                            .zip(&crcs[i..j])
+                            .map(|(r, c)| (*c, r.end - r.start)),
                     );
                     if actual != expected {
                         let part = (!rec.parts.is_empty()).then_some(pi);
@@ -243,19 +226,44 @@ impl CheckpointReader {
             }
             i = j;
         }
+        Ok(bytes)
+    }
 
-        if fetched.len() == 1 {
-            if let Some((_, _, b, _)) = fetched.into_iter().next() {
-                return Ok(b);
-            }
-            return Ok(Bytes::new());
+    /// The bytes of `range` of file `path` that [`CheckpointReader::read_range`] checks against
+    /// the manifest: the parts the range covers whole. A caller with finer checksums of its own
+    /// (per DCP item) needs to check only what lies outside it.
+    pub fn checked_within(&self, path: &str, range: Range<u64>) -> Result<Range<u64>> {
+        let rec = self.record(path)?;
+        if range.is_empty() || range.end > rec.size {
+            return Ok(range.start..range.start);
         }
-        let total = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
-        let mut out = BytesMut::with_capacity(total);
-        for (_, _, b, _) in &fetched {
-            out.extend_from_slice(b);
+        let first = part_index(rec, range.start);
+        let last = part_index(rec, range.end - 1);
+        let start_part = match rec.part_range(first) {
+            Some(r) if r.start >= range.start => first,
+            _ => first + 1,
+        };
+        let end_part = match rec.part_range(last) {
+            Some(r) if r.end <= range.end => Some(last),
+            _ => last.checked_sub(1),
+        };
+        match (
+            end_part.and_then(|e| (e >= start_part).then_some(e)),
+            rec.part_range(start_part),
+        ) {
+            (Some(e), Some(s)) => Ok(s.start..rec.part_range(e).map_or(s.start, |r| r.end)),
+            _ => Ok(range.start..range.start),
         }
-        Ok(out.freeze())
+    }
+
+    /// The local file behind `rec` when the root is a POSIX directory (read with `pread`).
+    fn local_file(&self, rec: &FileRecord) -> Option<PathBuf> {
+        let root = self.root.local_root()?;
+        let mut p = root.join(&self.manifest.checkpoint_id);
+        for part in rec.path.split('/') {
+            p.push(part);
+        }
+        Some(p)
     }
 
     fn mismatch(
@@ -388,5 +396,50 @@ fn part_index(rec: &FileRecord, offset: u64) -> usize {
         0
     } else {
         usize::try_from(offset / rec.part_size).unwrap_or(usize::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{CheckpointRoot, CommitRequest, UploadConfig};
+    use bytes::Bytes;
+    use object_store::{memory::InMemory, path::Path};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn checked_within_is_the_whole_parts_of_a_range() {
+        let root = CheckpointRoot::new(Arc::new(InMemory::new()), Path::from("r"));
+        let attempt = root.begin_save("step_1").await.unwrap();
+        let config = UploadConfig {
+            part_size: 1024,
+            memory_budget: 4096,
+            ..Default::default()
+        };
+        let w = root.rank_writer(&attempt, 0, &config).unwrap();
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let rec = w
+            .upload_bytes("f", Bytes::from(data.clone()))
+            .await
+            .unwrap();
+        let small = w
+            .upload_bytes("g", Bytes::from_static(b"tiny"))
+            .await
+            .unwrap();
+        let req = CommitRequest {
+            records: vec![rec.clone(), small.clone()],
+            world_size: 1,
+            ..Default::default()
+        };
+        root.commit(&attempt, req).await.unwrap();
+        let r = root.open("step_1").await.unwrap();
+        assert_eq!(r.checked_within(&rec.path, 100..3000).unwrap(), 1024..2048);
+        assert_eq!(r.checked_within(&rec.path, 0..5000).unwrap(), 0..5000);
+        assert_eq!(r.checked_within(&rec.path, 4096..5000).unwrap(), 4096..5000);
+        assert!(r.checked_within(&rec.path, 10..1000).unwrap().is_empty());
+        assert_eq!(r.checked_within(&small.path, 0..4).unwrap(), 0..4);
+        assert!(r.checked_within(&small.path, 1..4).unwrap().is_empty());
+        // Reads across part boundaries return the bytes asked for.
+        let got = r.read_range(&rec.path, 100..3000).await.unwrap();
+        assert_eq!(&got[..], &data[100..3000]);
     }
 }
