@@ -207,9 +207,9 @@ def read_amplification(url: str, state: dict) -> float:
         def __init__(self, files):
             self.files = files
 
-        def read_ranges(self, reqs):
+        def start_read(self, reqs):
             fetched[0] += sum(r[2] for r in reqs)
-            return self.files.read_ranges(reqs)
+            return self.files.start_read(reqs)
 
         def __getattr__(self, name):
             return getattr(self.files, name)

@@ -21,16 +21,21 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use shardstream_checkpoint::checksum::{crc32c, crc32c_combine, Crc32c};
+use shardstream_checkpoint::checksum::{crc32c, crc32c_combine};
+use shardstream_checkpoint::fetch::{cut, read_pieces, ReadTarget};
 use shardstream_checkpoint::{
-    CheckpointError as CoreError, CheckpointInfo, CheckpointReader, CheckpointRoot, CommitRequest,
-    FileRecord, FileWriter, SaveAttempt, UploadConfig,
+    CheckpointError as CoreError, CheckpointInfo, CheckpointMetrics, CheckpointReader,
+    CheckpointRoot, CommitRequest, FileRecord, FileWriter, SaveAttempt, UploadConfig,
 };
 
 use crate::errors;
 
 /// Spans fetched at once by one `read_ranges` call (each is itself cut into parallel GETs).
-const SPAN_CONCURRENCY: usize = 8;
+const SPAN_CONCURRENCY: usize = 4;
+/// Piece size of reads of a plain DCP directory (no manifest, so no parts to align to).
+const PLAIN_CHUNK: u64 = 16 << 20;
+/// Pieces of one span of a plain DCP directory read at once.
+const PLAIN_CONCURRENCY: usize = 8;
 /// Largest span of touching items fetched as one range.
 const MAX_SPAN: u64 = 256 << 20;
 
@@ -78,20 +83,24 @@ where
     F: std::future::Future<Output = Result<T, CoreError>>,
 {
     let rt = runtime()?;
-    py.detach(move || {
-        rt.block_on(async move {
-            let fut = make();
-            tokio::pin!(fut);
-            loop {
-                tokio::select! {
-                    r = &mut fut => return r.map_err(to_py),
-                    () = tokio::time::sleep(SIGNAL_POLL) => {
-                        Python::attach(|py| py.check_signals())?;
-                    }
-                }
+    py.detach(move || rt.block_on(async move { interruptible(make()).await }))
+}
+
+/// Awaits `fut` (on a runtime thread, GIL not held), looking for Ctrl-C every `SIGNAL_POLL`:
+/// if a Python signal handler raises, `fut` is dropped unfinished and the exception returned.
+async fn interruptible<T, F>(fut: F) -> PyResult<T>
+where
+    F: std::future::Future<Output = Result<T, CoreError>>,
+{
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return r.map_err(to_py),
+            () = tokio::time::sleep(SIGNAL_POLL) => {
+                Python::attach(|py| py.check_signals())?;
             }
-        })
-    })
+        }
+    }
 }
 
 /// The one mapping from checkpoint errors to the Python exception tree.
@@ -267,6 +276,7 @@ impl CheckpointStore {
                         Ok(_) => Ok(Source::Plain {
                             store: root.store().clone(),
                             dir,
+                            local_dir: root.local_root().map(|r| r.join(&id)),
                         }),
                         Err(object_store::Error::NotFound { .. }) => {
                             Err(CoreError::NotCommitted { id, path })
@@ -332,17 +342,19 @@ impl RankFileWriter {
 #[pymethods]
 impl RankFileWriter {
     /// Appends `data` (any bytes object; held, not copied, until its part is uploaded) and
-    /// returns its CRC32C. Blocks only while the upload's memory budget is full.
+    /// returns its CRC32C. Blocks only while the upload's memory budget is full; Ctrl-C while
+    /// it blocks raises `KeyboardInterrupt` and aborts the file's multipart upload.
     fn write(&self, py: Python<'_>, data: PyBackedBytes) -> PyResult<u32> {
-        let mut w = self.take()?;
+        let w = self.take()?;
         let rt = runtime()?;
         let len = data.len() as u64;
         let (w, res) = py.detach(move || {
-            let mut crc = Crc32c::new();
-            crc.update(&data);
-            let crc = crc.value();
-            let res = rt.block_on(w.write_bytes(Bytes::from_owner(data)));
-            (w, res.map(|()| crc))
+            let crc = crc32c(&data);
+            rt.block_on(async move {
+                let mut w = w;
+                let res = interruptible(w.write_bytes(Bytes::from_owner(data))).await;
+                (w, res.map(|()| crc))
+            })
         });
         match res {
             Ok(crc) => {
@@ -354,11 +366,12 @@ impl RankFileWriter {
                 *item = crc32c_combine(*item, crc, len);
                 Ok(crc)
             }
-            // Dropping the writer aborts its multipart upload (inside the runtime).
+            // Dropping the writer aborts its multipart upload (inside the runtime); the file
+            // is then finished for good, so no manifest can ever list it.
             Err(e) => {
                 let _guard = runtime()?.enter();
                 drop(w);
-                Err(to_py(e))
+                Err(e)
             }
         }
     }
@@ -419,6 +432,8 @@ enum Source {
     Plain {
         store: Arc<dyn ObjectStore>,
         dir: Path,
+        /// The checkpoint directory on local disk, when the root is one (read with `pread`).
+        local_dir: Option<std::path::PathBuf>,
     },
 }
 
@@ -426,22 +441,25 @@ impl Source {
     async fn read(&self, path: &str, range: Range<u64>) -> Result<Bytes, CoreError> {
         match self {
             Source::Committed(r) => r.read_range(path, range).await,
-            Source::Plain { store, dir } => {
+            Source::Plain {
+                store,
+                dir,
+                local_dir,
+            } => {
                 shardstream_checkpoint::layout::validate_relative_path(path)?;
                 let full = shardstream_checkpoint::layout::join(dir, path);
-                let got = store
-                    .get_range(&full, range.clone())
-                    .await
-                    .map_err(|e| CoreError::store("get_range", &full, e))?;
-                let want = range.end - range.start;
-                if got.len() as u64 != want {
-                    return Err(CoreError::SizeMismatch {
-                        path: full,
-                        expected: want,
-                        actual: got.len() as u64,
-                    });
-                }
-                Ok(got)
+                let local = local_dir
+                    .as_ref()
+                    .map(|d| path.split('/').fold(d.clone(), |p, part| p.join(part)));
+                let target = ReadTarget {
+                    store,
+                    path: &full,
+                    local: local.as_deref(),
+                };
+                let pieces = cut(range, PLAIN_CHUNK, 0);
+                let metrics = CheckpointMetrics::global();
+                let (bytes, _) = read_pieces(target, &pieces, PLAIN_CONCURRENCY, &metrics).await?;
+                Ok(bytes)
             }
         }
     }
@@ -449,7 +467,7 @@ impl Source {
     async fn read_whole(&self, path: &str) -> Result<Bytes, CoreError> {
         match self {
             Source::Committed(r) => r.read_file(path).await,
-            Source::Plain { store, dir } => {
+            Source::Plain { store, dir, .. } => {
                 let full = shardstream_checkpoint::layout::join(dir, path);
                 let got = store
                     .get(&full)
@@ -462,6 +480,17 @@ impl Source {
         }
     }
 
+    /// The bytes of a read of `range` that the source itself checks (the whole parts of a
+    /// committed file); an item inside them needs no check of its own.
+    fn checked_within(&self, path: &str, range: Range<u64>) -> Range<u64> {
+        match self {
+            Source::Committed(r) => r
+                .checked_within(path, range.clone())
+                .unwrap_or(range.start..range.start),
+            Source::Plain { .. } => range.start..range.start,
+        }
+    }
+
     fn object_name(&self, path: &str) -> String {
         match self {
             Source::Committed(r) => r
@@ -471,6 +500,109 @@ impl Source {
             Source::Plain { dir, .. } => {
                 shardstream_checkpoint::layout::join(dir, path).to_string()
             }
+        }
+    }
+}
+
+/// Bytes read by the native side, lent to Python without a copy: `memoryview(buf)` is a
+/// read-only view of them, and they live as long as any view does.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct CheckpointBuffer {
+    data: Bytes,
+}
+
+// The buffer protocol needs raw pointers: this is the one unsafe block of the checkpoint
+// binding. It is sound because `data` is immutable for the object's lifetime (a frozen class
+// over `Bytes`), the view is read-only, and `PyBuffer_FillInfo` takes a reference to the
+// object, so the memory outlives every view.
+#[allow(unsafe_code)]
+#[pymethods]
+impl CheckpointBuffer {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    /// # Safety
+    /// Called by CPython with a valid `Py_buffer` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        if flags & pyo3::ffi::PyBUF_WRITABLE != 0 {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "checkpoint buffers are read-only",
+            ));
+        }
+        let data = &slf.get().data;
+        let len = isize::try_from(data.len())
+            .map_err(|_| pyo3::exceptions::PyBufferError::new_err("buffer too large"))?;
+        // SAFETY: see the comment on this impl; readonly = 1.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                data.as_ptr() as *mut std::os::raw::c_void,
+                len,
+                1,
+                flags,
+            )
+        };
+        if rc == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Nothing to release: the memory is owned by the object.
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}
+
+/// The background task of a [`PendingRead`]: every item's bytes, in request order.
+type ReadTask = tokio::task::JoinHandle<Result<Vec<Bytes>, CoreError>>;
+
+/// A read started by `CheckpointFiles.start_read`, running on the native runtime while
+/// Python does other work (decodes the previous batch). `wait` returns its buffers; dropping
+/// it unfinished cancels the read.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct PendingRead {
+    task: Mutex<Option<ReadTask>>,
+}
+
+#[pymethods]
+impl PendingRead {
+    /// The bytes of every item, in request order, as `CheckpointBuffer`s (Ctrl-C while
+    /// waiting raises `KeyboardInterrupt` and cancels the read).
+    fn wait(&self, py: Python<'_>) -> PyResult<Vec<CheckpointBuffer>> {
+        let task = self
+            .task
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("read lock poisoned"))?
+            .take()
+            .ok_or_else(|| errors::CheckpointError::new_err("this read was already waited on"))?;
+        let abort = task.abort_handle();
+        let got = block_on(py, move || async move {
+            task.await.map_err(|e| CoreError::Store {
+                op: "get",
+                path: Path::from("read task"),
+                source: object_store::Error::JoinError { source: e },
+            })?
+        });
+        if got.is_err() {
+            abort.abort();
+        }
+        Ok(got?
+            .into_iter()
+            .map(|data| CheckpointBuffer { data })
+            .collect())
+    }
+}
+
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().ok().and_then(|t| t.take()) {
+            task.abort();
         }
     }
 }
@@ -508,19 +640,29 @@ impl CheckpointFiles {
         Ok(PyBytes::new(py, &b))
     }
 
-    /// Reads `(path, offset, length, crc32c or None)` items and returns their bytes in order.
-    /// Items that touch or overlap in one file are fetched as one span (cut by the core into
-    /// part-aligned ranged GETs in parallel), so a full load makes few large requests and a
-    /// partial one fetches only the items asked for. A given CRC32C is checked against the
-    /// item's bytes; a mismatch raises `HashMismatchError` naming the object and the range.
-    fn read_ranges<'py>(
+    /// Reads `(path, offset, length, crc32c or None)` items and returns their bytes in order,
+    /// as `CheckpointBuffer`s (`memoryview(buf)` reads them without a copy). Items that touch
+    /// or overlap in one file are fetched as one span (cut into part-aligned ranged GETs, or
+    /// `pread`s for a local directory, in parallel, straight into one buffer), so a full load
+    /// makes few large requests and a partial one fetches only the items asked for. A given
+    /// CRC32C is checked against the item's bytes unless the span's own part checksums already
+    /// covered them; a mismatch raises `HashMismatchError` naming the object and the range.
+    fn read_ranges(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         requests: Vec<(String, u64, u64, Option<u32>)>,
-    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    ) -> PyResult<Vec<CheckpointBuffer>> {
+        self.start_read(requests)?.wait(py)
+    }
+
+    /// Like `read_ranges`, but returns at once: the read runs in the background and
+    /// `PendingRead.wait()` returns its buffers.
+    fn start_read(&self, requests: Vec<(String, u64, u64, Option<u32>)>) -> PyResult<PendingRead> {
         let source = self.source.clone();
-        let got: Vec<Bytes> = block_on(py, move || read_items(source, requests))?;
-        Ok(got.iter().map(|b| PyBytes::new(py, b)).collect())
+        let task = runtime()?.spawn(read_items(source, requests));
+        Ok(PendingRead {
+            task: Mutex::new(Some(task)),
+        })
     }
 }
 
@@ -569,18 +711,20 @@ async fn read_items(
     requests: Vec<(String, u64, u64, Option<u32>)>,
 ) -> Result<Vec<Bytes>, CoreError> {
     let spans = spans(&requests)?;
-    let fetched: Vec<(Span, Bytes)> = futures::stream::iter(spans.into_iter().map(|span| {
-        let source = source.clone();
-        async move {
-            let b = source.read(&span.path, span.start..span.end).await?;
-            Ok::<_, CoreError>((span, b))
-        }
-    }))
-    .buffer_unordered(SPAN_CONCURRENCY)
-    .try_collect()
-    .await?;
+    let fetched: Vec<(Span, Bytes, Range<u64>)> =
+        futures::stream::iter(spans.into_iter().map(|span| {
+            let source = source.clone();
+            async move {
+                let b = source.read(&span.path, span.start..span.end).await?;
+                let checked = source.checked_within(&span.path, span.start..span.end);
+                Ok::<_, CoreError>((span, b, checked))
+            }
+        }))
+        .buffer_unordered(SPAN_CONCURRENCY)
+        .try_collect()
+        .await?;
     let mut out = vec![Bytes::new(); requests.len()];
-    for (span, bytes) in fetched {
+    for (span, bytes, checked) in fetched {
         for i in span.members {
             let (path, off, len, crc) = &requests[i];
             let lo = usize::try_from(off - span.start).unwrap_or(usize::MAX);
@@ -593,7 +737,8 @@ async fn read_items(
                 });
             }
             let item = bytes.slice(lo..hi);
-            if let Some(expected) = *crc {
+            let covered = checked.start <= *off && off + len <= checked.end;
+            if let (Some(expected), false) = (*crc, covered) {
                 let actual = crc32c(&item);
                 if actual != expected {
                     return Err(CoreError::ChecksumMismatch {
@@ -621,5 +766,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CheckpointStore>()?;
     m.add_class::<RankFileWriter>()?;
     m.add_class::<CheckpointFiles>()?;
+    // `CheckpointBuffer` and `PendingRead` are only ever returned, never constructed from
+    // Python, so they are not module attributes.
     Ok(())
 }

@@ -285,3 +285,76 @@ def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch):
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
         server.stop()
+
+
+def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch):
+    """Ctrl-C while `RankFileWriter.write` waits on a stalled server raises KeyboardInterrupt
+    within a signal poll instead of hanging, aborts the upload, and the interrupted
+    checkpoint never becomes `latest` (its manifest was never written)."""
+    import signal
+    import threading
+    import time
+
+    import shardstream.checkpoint as ckpt
+    from conftest import MotoServer
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    server = MotoServer()
+    stopped = threading.Event()
+    real_store = ckpt._store
+
+    class StallOnFirstWrite:
+        """A native file writer whose first write stops the server and schedules a Ctrl-C."""
+
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def write(self, data):
+            if not stopped.is_set():
+                stopped.set()
+                os.kill(server.proc.pid, signal.SIGSTOP)
+                threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    class Store:
+        def __init__(self, store) -> None:
+            self.store = store
+
+        def create_file(self, *args, **kwargs):
+            return StallOnFirstWrite(self.store.create_file(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    try:
+        for k, v in server.env.items():
+            monkeypatch.setenv(k, v)
+        root = server.create_bucket(f"ctrlc-save-{uuid.uuid4().hex[:8]}") + "/run"
+        dcp.save(_small_state(), storage_writer=StorageWriter(f"{root}/step_1"), no_dist=True)
+        monkeypatch.setattr(ckpt, "_store", lambda r: Store(real_store(r)))
+        # 64 MiB through a 10 MiB budget of 5 MiB parts: writes block once two parts wait on
+        # the stopped server.
+        big = {"w": torch.randn(16 << 20)}
+        writer = StorageWriter(f"{root}/step_2", part_size=5 * MIB, memory_budget=10 * MIB)
+        started = time.monotonic()
+        with pytest.raises((KeyboardInterrupt, CheckpointException)) as info:
+            dcp.save(big, storage_writer=writer, no_dist=True)
+        elapsed = time.monotonic() - started
+        err = info.value
+        if isinstance(err, CheckpointException):  # DCP wraps what a rank raised
+            [wrapped] = list(err.failures.values())
+            err = wrapped[0] if isinstance(wrapped, tuple) else wrapped.exception
+        assert isinstance(err, KeyboardInterrupt), repr(err)
+        assert stopped.is_set()
+        assert elapsed < 10, elapsed
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    try:
+        monkeypatch.setattr(ckpt, "_store", real_store)
+        assert latest(root) == f"{root}/step_1"
+        assert [c["id"] for c in list_checkpoints(root)] == ["step_1"]
+    finally:
+        server.stop()

@@ -54,8 +54,9 @@ _RECORDS_FQN = "__shardstream_rank_records__"
 #: Manifest metadata key holding ``{relative path: [[offset, length, crc32c], ...]}``.
 _ITEM_CRCS = "dcp_item_crc32c"
 _METADATA = ".metadata"
-#: Bytes fetched per ``read_ranges`` batch during a load.
-_READ_BATCH_BYTES = 256 << 20
+#: Bytes fetched per batch during a load (two batches are held at once: one being fetched
+#: while the previous one is decoded).
+_READ_BATCH_BYTES = 128 << 20
 #: Largest piece ``torch.save`` output is copied in on its way to the uploader.
 _SAVE_CHUNK = 16 << 20
 
@@ -68,13 +69,29 @@ class _ItemSink:
     def __init__(self, file) -> None:
         self.file = file
         self.written = 0
+        #: What a write raised: torch.save's zip writer turns it into its own RuntimeError
+        #: ("unexpected pos") when it closes, which would hide a KeyboardInterrupt.
+        self.error: BaseException | None = None
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        for start in range(0, len(view), _SAVE_CHUNK):
-            self.file.write(view[start : start + _SAVE_CHUNK].tobytes())
+        try:
+            for start in range(0, len(view), _SAVE_CHUNK):
+                self.file.write(view[start : start + _SAVE_CHUNK].tobytes())
+        except BaseException as e:
+            self.error = e
+            raise
         self.written += len(view)
         return len(view)
+
+    def save(self, tensor: torch.Tensor) -> None:
+        """``torch.save(tensor)`` into the file, raising what the upload raised, if anything."""
+        try:
+            torch.save(tensor, self)
+        except BaseException:
+            if self.error is not None:
+                raise self.error
+            raise
 
     def flush(self) -> None:
         pass
@@ -233,7 +250,7 @@ class StorageWriter(_DcpWriter):
                     if item.type == WriteItemType.BYTE_IO:
                         sink.write(data.getbuffer() if isinstance(data, io.BytesIO) else data)
                     else:
-                        torch.save(_cpu_contiguous(data), sink)
+                        sink.save(_cpu_contiguous(data))
                     crc = f.take_item_crc()
                     n = sink.written
                     results.append(
@@ -392,16 +409,27 @@ class StorageReader(_DcpReader):
                     f"{list(info.transform_descriptors)}, which shardstream does not read"
                 )
             pending.append((req, (info.relative_path, info.offset, info.length)))
-        for batch in _batches(pending):
+
+        def start(batch):
             keys = list(dict.fromkeys(key for _, key in batch))
-            blobs = files.read_ranges([(p, o, n, self._crcs.get((p, o, n))) for p, o, n in keys])
-            got = dict(zip(keys, blobs))
+            reqs = [(p, o, n, self._crcs.get((p, o, n))) for p, o, n in keys]
+            return keys, files.start_read(reqs)
+
+        # The native side fetches batch k+1 (GIL released) while this thread decodes batch k,
+        # so at most two batches of bytes are held at once.
+        batches = list(_batches(pending))
+        nxt = start(batches[0]) if batches else None
+        for k, batch in enumerate(batches):
+            keys, read = nxt
+            got = dict(zip(keys, read.wait()))
+            nxt = start(batches[k + 1]) if k + 1 < len(batches) else None
             for req, key in batch:
-                blob = got[key]
+                view = memoryview(got[key])
                 if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(blob))
+                    planner.load_bytes(req, io.BytesIO(view))
                     continue
-                tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+                # torch.load reads the item straight out of the native buffer (no bytes copy).
+                tensor = torch.load(_ViewFile(view), map_location="cpu", weights_only=True)
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
@@ -411,6 +439,7 @@ class StorageReader(_DcpReader):
                     )
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
+            del got
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
@@ -422,6 +451,37 @@ class StorageReader(_DcpReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+
+class _ViewFile(io.RawIOBase):
+    """A seekable, read-only file over a memoryview, for ``torch.load``: its ``readinto``
+    copies straight from the view into the storage torch allocates (``io.BytesIO`` would
+    first copy the whole item)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view.cast("B") if view.format != "B" else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        memoryview(b).cast("B")[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
 
 
 def _batches(pending: list) -> Iterable[list]:
