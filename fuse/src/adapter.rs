@@ -1,34 +1,124 @@
 //! The thin `fuser` adapter: translates kernel requests into [`DatasetFs`] calls and its answers
 //! (and errors, through [`FsError::errno`]) into replies. No filesystem logic lives here.
+//!
+//! Shard files of `shards/` are opened in FUSE passthrough mode when the kernel and the process
+//! allow it (Linux 6.9+, `CAP_SYS_ADMIN`): the open registers the shard's decompressed cache
+//! file with the kernel, which then serves every read of it from that file's page cache without
+//! a round trip to this daemon. Everything else, and every open when passthrough is off or
+//! refused, reads through [`DatasetFs::read_into`] with the mount's page cache kept across opens.
 
+use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::error::FsError;
 use crate::fs::{Attr, DatasetFs, Kind};
+use crate::passthrough::{IoModes, Mode};
 
-/// Largest read the kernel is asked to send (and its read-ahead).
+/// Largest read the kernel is asked to send (and its read-ahead); the kernel's default cap on
+/// one request (`fs.fuse.max_pages_limit`, 256 pages) makes more than 1 MiB useless.
 const MAX_READ: u32 = 1 << 20;
+
+/// `CAP_SYS_ADMIN`'s bit in `/proc/self/status`'s `CapEff`: the kernel registers backing files
+/// only for a server that holds it.
+const CAP_SYS_ADMIN: u32 = 21;
+
+thread_local! {
+    /// Each serving thread's read buffer, reused: a read costs one copy into it, no allocation.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What a mount has done, for logs and tests.
+#[derive(Debug, Default)]
+pub struct MountStats {
+    passthrough: AtomicBool,
+    passthrough_opens: AtomicU64,
+    daemon_reads: AtomicU64,
+}
+
+impl MountStats {
+    /// Whether passthrough is in use: negotiated at mount and not refused since.
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// Opens served in passthrough mode so far.
+    pub fn passthrough_opens(&self) -> u64 {
+        self.passthrough_opens.load(Ordering::Relaxed)
+    }
+
+    /// Read requests the daemon answered so far (passthrough reads never reach it).
+    pub fn daemon_reads(&self) -> u64 {
+        self.daemon_reads.load(Ordering::Relaxed)
+    }
+}
 
 /// `DatasetFs` as a `fuser::Filesystem`.
 #[derive(Debug)]
 pub struct FuseAdapter {
     fs: DatasetFs,
+    /// Whether to ask the kernel for passthrough at init.
+    want_passthrough: bool,
+    modes: IoModes<BackingId>,
+    stats: Arc<MountStats>,
 }
 
 impl FuseAdapter {
-    /// Wraps the filesystem.
-    pub fn new(fs: DatasetFs) -> Self {
-        FuseAdapter { fs }
+    /// Wraps the filesystem; `passthrough`: let the kernel read whole cached shards directly
+    /// when it can.
+    pub fn new(fs: DatasetFs, passthrough: bool) -> Self {
+        FuseAdapter {
+            fs,
+            want_passthrough: passthrough,
+            modes: IoModes::default(),
+            stats: Arc::new(MountStats::default()),
+        }
     }
+
+    /// The mount's figures, shared with the caller.
+    pub fn stats(&self) -> Arc<MountStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Registers `file` with the kernel for passthrough; a refusal for lack of privilege turns
+    /// passthrough off for the rest of the mount.
+    fn register(&self, reply: &ReplyOpen, file: &std::fs::File) -> Option<BackingId> {
+        match reply.open_backing(file) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EPERM)
+                    && self.stats.passthrough.swap(false, Ordering::Relaxed)
+                {
+                    tracing::warn!(error = %e, "the kernel refused a passthrough backing file; reading through the daemon from now on");
+                } else {
+                    tracing::debug!(error = %e, "no passthrough for this open");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Whether this process holds `CAP_SYS_ADMIN` (effective), per `/proc/self/status`.
+fn has_cap_sys_admin() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 fn errno(op: &str, e: &FsError) -> Errno {
@@ -69,9 +159,42 @@ fn file_type(kind: Kind) -> FileType {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_readahead(MAX_READ);
-        let _ = config.set_max_write(MAX_READ);
+        // The largest reads and read-ahead the kernel allows, up to MAX_READ: fewer, larger
+        // requests for every read that comes to the daemon.
+        if let Err(max) = config.set_max_readahead(MAX_READ) {
+            let _ = config.set_max_readahead(max);
+        }
+        if let Err(max) = config.set_max_write(MAX_READ) {
+            let _ = config.set_max_write(max);
+        }
         let _ = config.add_capabilities(InitFlags::FUSE_MAX_PAGES);
+        if self.want_passthrough {
+            let enabled = if !has_cap_sys_admin() {
+                tracing::info!(
+                    "no CAP_SYS_ADMIN: no FUSE passthrough, every read goes through the daemon"
+                );
+                false
+            } else if let Err(missing) = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                tracing::info!(
+                    ?missing,
+                    "the kernel offers no FUSE passthrough; every read goes through the daemon"
+                );
+                false
+            } else {
+                // 2, the kernel's maximum: the cache folder may itself be on a stacked
+                // filesystem (overlayfs in a container).
+                if let Err(max) = config.set_max_stack_depth(2) {
+                    let _ = config.set_max_stack_depth(max);
+                }
+                true
+            };
+            self.stats.passthrough.store(enabled, Ordering::Relaxed);
+        }
+        tracing::info!(
+            passthrough = self.stats.passthrough(),
+            kernel_abi = ?config.kernel_abi(),
+            "FUSE session negotiated"
+        );
         // Listings carry attributes: `ls -l` / `os.walk` + stat cost one request per page of
         // entries, not one lookup per file.
         let _ = config
@@ -190,11 +313,36 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
-        match self.fs.open(ino.into(), write) {
-            // The bytes never change while mounted: keep the page cache across opens.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(errno("open", &e)),
+        let fh = match self.fs.open(ino.into(), write) {
+            Ok(fh) => fh,
+            Err(e) => return reply.error(errno("open", &e)),
+        };
+        if self.stats.passthrough() {
+            // A shard file is fetched here rather than at its first read: that read would wait
+            // for the whole shard anyway, and once it is cached the kernel reads it itself.
+            match self.fs.backing_file(fh) {
+                Ok(Some(file)) => {
+                    let mode = self
+                        .modes
+                        .open(ino.into(), fh, || self.register(&reply, &file));
+                    if let Mode::Passthrough(backing) = mode {
+                        self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                        return reply.opened_passthrough(
+                            FileHandle(fh),
+                            FopenFlags::empty(),
+                            &backing,
+                        );
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.fs.release(fh);
+                    return reply.error(errno("open", &e));
+                }
+            }
         }
+        // The bytes never change while mounted: keep the page cache across opens.
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
     }
 
     fn read(
@@ -208,10 +356,17 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(fh.into(), offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno("read", &e)),
-        }
+        self.stats.daemon_reads.fetch_add(1, Ordering::Relaxed);
+        READ_BUF.with_borrow_mut(|buf| {
+            let size = size as usize;
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            match self.fs.read_into(fh.into(), offset, &mut buf[..size]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno("read", &e)),
+            }
+        });
     }
 
     fn write(
@@ -250,6 +405,8 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // The backing (if any) goes first: the kernel is done with this open.
+        self.modes.release(fh.into());
         self.fs.release(fh.into());
         reply.ok();
     }

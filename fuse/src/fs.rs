@@ -849,56 +849,93 @@ impl DatasetFs {
         Ok(fh)
     }
 
-    /// Reads up to `size` bytes at `offset` of open file `fh`; fewer only at the end of file.
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let file = self
-            .open
+    fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
+        self.open
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&fh)
             .cloned()
-            .ok_or(FsError::BadHandle { fh })?;
-        let (data, base, len) = match file.span {
-            Span::Index => {
-                let bytes = self.source.index_json();
-                let start = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let end = start.saturating_add(size as usize).min(bytes.len());
-                return Ok(bytes[start..end].to_vec());
-            }
-            Span::Shard { shard, base, len } => {
-                let mut slot = lock(&file.data);
-                match slot.as_ref() {
-                    Some(d) => d.clone(),
-                    None => {
-                        let d = (self.shard_data(shard)?, base, len);
-                        *slot = Some(d.clone());
-                        d
-                    }
-                }
-            }
+            .ok_or(FsError::BadHandle { fh })
+    }
+
+    /// The shard bytes behind an open file (fetched on first use, then kept, pinned, until the
+    /// file is released); `None` for the index, which is in memory.
+    fn open_data(&self, file: &OpenFile) -> Result<Option<OpenData>> {
+        let mut slot = lock(&file.data);
+        if let Some(d) = slot.as_ref() {
+            return Ok(Some(d.clone()));
+        }
+        let d = match file.span {
+            Span::Index => return Ok(None),
+            Span::Shard { shard, base, len } => (self.shard_data(shard)?, base, len),
             Span::Sample { sample, column } => {
-                let mut slot = lock(&file.data);
-                match slot.as_ref() {
-                    Some(d) => d.clone(),
-                    None => {
-                        let (shard, base, len) = self.column_span(sample, column)?;
-                        let d = (self.shard_data(shard)?, base, len);
-                        *slot = Some(d.clone());
-                        d
-                    }
-                }
+                let (shard, base, len) = self.column_span(sample, column)?;
+                (self.shard_data(shard)?, base, len)
             }
         };
-        if offset >= len {
-            return Ok(Vec::new());
+        *slot = Some(d.clone());
+        Ok(Some(d))
+    }
+
+    /// A plain file holding exactly the bytes of open file `fh`, for the kernel to read directly
+    /// (FUSE passthrough): for a whole shard of `shards/`, its decompressed file in the node
+    /// cache, fetched first if needed and pinned until `fh` is released. `None` for the index
+    /// and for `samples/` files (parts of a shard), and when the source keeps no such file.
+    pub fn backing_file(&self, fh: u64) -> Result<Option<std::fs::File>> {
+        let file = self.open_file(fh)?;
+        if !matches!(file.span, Span::Shard { .. }) {
+            return Ok(None);
         }
-        let want = (len - offset).min(u64::from(size)) as usize;
-        let mut buf = vec![0u8; want];
-        let n = data.read_full_at(base + offset, &mut buf)?;
+        let Some((data, base, len)) = self.open_data(&file)? else {
+            return Ok(None);
+        };
+        let Some(path) = data.path() else {
+            return Ok(None);
+        };
+        // The file must be the span exactly: a byte more or less would show through.
+        if base != 0 || data.len() != len {
+            return Ok(None);
+        }
+        match std::fs::File::open(path) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() == len) => Ok(Some(f)),
+            Ok(_) => {
+                tracing::warn!(path = %path.display(), "cached shard file changed size; reading through the daemon");
+                Ok(None)
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot open the cached shard file; reading through the daemon");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` of open file `fh`; fewer only at the end of file.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; size as usize];
+        let n = self.read_into(fh, offset, &mut buf)?;
         buf.truncate(n);
         Ok(buf)
+    }
+
+    /// Reads into `buf` (up to its length) at `offset` of open file `fh`; returns how many
+    /// bytes it read, fewer only at the end of file. One copy, from the shard file into `buf`:
+    /// the adapter passes a buffer it reuses, so a read allocates and zeroes nothing.
+    pub fn read_into(&self, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let file = self.open_file(fh)?;
+        let Some((data, base, len)) = self.open_data(&file)? else {
+            let bytes = self.source.index_json();
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let n = buf.len().min(bytes.len() - start);
+            buf[..n].copy_from_slice(&bytes[start..start + n]);
+            return Ok(n);
+        };
+        if offset >= len {
+            return Ok(0);
+        }
+        let want = (len - offset).min(buf.len() as u64) as usize;
+        Ok(data.read_full_at(base + offset, &mut buf[..want])?)
     }
 
     /// Forgets open file `fh` (its shard may stay pinned among the recently used ones).

@@ -32,11 +32,13 @@ pub mod fs;
 pub mod layout;
 pub mod mount;
 pub mod names;
+pub mod passthrough;
 pub mod readahead;
 pub mod source;
 pub mod streaming;
 pub mod tree;
 
+pub use adapter::MountStats;
 pub use error::{FsError, SourceError, SourceErrorKind};
 pub use fs::{DatasetFs, FsConfig};
 pub use mount::{mount, Mount, MountError, MountOptions};

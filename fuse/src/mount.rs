@@ -1,13 +1,13 @@
 //! Mounting: a `fuser` session over [`DatasetFs`], with an owner that unmounts it.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-use crate::adapter::FuseAdapter;
+use crate::adapter::{FuseAdapter, MountStats};
 use crate::fs::DatasetFs;
 
 /// How to mount.
@@ -20,6 +20,10 @@ pub struct MountOptions {
     pub threads: usize,
     /// The name shown as the mount's source in /proc/mounts.
     pub fs_name: String,
+    /// Let the kernel read whole shards of `shards/` straight from their cache files (FUSE
+    /// passthrough), where the kernel and the process's privileges allow; off: every read goes
+    /// through the daemon.
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -30,6 +34,7 @@ impl Default for MountOptions {
                 .map_or(4, |n| n.get())
                 .clamp(2, 16),
             fs_name: "shardstream".into(),
+            passthrough: true,
         }
     }
 }
@@ -74,6 +79,7 @@ pub struct Mount {
     unmounter: SessionUnmounter,
     ended: mpsc::Receiver<std::io::Result<()>>,
     thread: Option<JoinHandle<()>>,
+    stats: Arc<MountStats>,
 }
 
 /// Mounts `fs` at `mountpoint`; returns once the kernel has completed the FUSE handshake, so the
@@ -97,12 +103,12 @@ pub fn mount(
         config.acl = SessionACL::All;
     }
     config.n_threads = Some(options.threads.max(1));
+    let adapter = FuseAdapter::new(fs, options.passthrough);
+    let stats = adapter.stats();
     let mut session =
-        Session::new(FuseAdapter::new(fs), mountpoint, &config).map_err(|source| {
-            MountError::Mount {
-                path: mountpoint.to_path_buf(),
-                source,
-            }
+        Session::new(adapter, mountpoint, &config).map_err(|source| MountError::Mount {
+            path: mountpoint.to_path_buf(),
+            source,
         })?;
     let unmounter = session.unmount_callable();
     let (tx, ended) = mpsc::channel();
@@ -118,6 +124,7 @@ pub fn mount(
         unmounter,
         ended,
         thread: Some(thread),
+        stats,
     })
 }
 
@@ -125,6 +132,11 @@ impl Mount {
     /// The mount point.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the mount has done so far (passthrough in use, opens and reads served).
+    pub fn stats(&self) -> &MountStats {
+        &self.stats
     }
 
     /// Waits up to `timeout` for the session to end (someone ran `fusermount3 -u`); returns

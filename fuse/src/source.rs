@@ -4,6 +4,7 @@
 //! [`StreamingSource`](crate::StreamingSource) (fetch through the node cache under its budget),
 //! tests use in-memory doubles.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::SourceError;
@@ -20,6 +21,15 @@ pub trait ShardData: Send + Sync {
 
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, SourceError>;
+
+    /// A plain file that holds exactly these bytes, complete now and unchanged while the value
+    /// lives (the decompressed shard in the node cache), if there is one: the mount can then
+    /// let the kernel read it directly (FUSE passthrough) instead of copying every read through
+    /// the daemon. `None` (the default) for bytes that exist only in memory, and for a shard
+    /// still being downloaded (its reads wait for their bytes; the file's do not).
+    fn path(&self) -> Option<&Path> {
+        None
+    }
 
     /// Fills `buf` from `offset` up to the end of the shard; returns how many bytes it read.
     fn read_full_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, SourceError> {

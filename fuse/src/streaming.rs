@@ -2,6 +2,7 @@
 //! (`<cache-root>/<run-id>/<node-rank>/`), fetched once per node, decompressed, and pinned while
 //! a reader holds them.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use shardstream_streamer::dataset::{ShardHandle, StreamingDataset};
@@ -61,6 +62,13 @@ impl ShardData for Handle {
         self.0
             .read_at(offset, buf)
             .map_err(|e| SourceError::new(kind_of(&e), self.0.shard(), e))
+    }
+
+    // The handle's file is the whole decompressed shard (its header was checked against the
+    // file's length), pinned in the cache while the handle lives; but only once its download
+    // is done: before that, the tail of the file is not written yet.
+    fn path(&self) -> Option<&Path> {
+        self.0.is_complete().then(|| self.0.path())
     }
 }
 

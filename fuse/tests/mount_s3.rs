@@ -1,7 +1,9 @@
 //! Real FUSE mounts (in this process, read through the kernel with `std::fs`) of an MDS dataset
 //! on a moto S3 server on 127.0.0.1: every byte of both views equals the source (whole files,
 //! random offsets, reads crossing a shard's end, concurrent readers), and a server outage gives
-//! EIO after the storage layer's bounded retries, then reads work again.
+//! EIO after the storage layer's bounded retries, then reads work again; a cached shard is read
+//! by the kernel itself (FUSE passthrough, no read reaches the daemon), and with passthrough off
+//! every read goes through the daemon and gives the same bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -129,6 +131,10 @@ impl Fixture {
     }
 
     fn mount(&mut self, config: FsConfig) -> PathBuf {
+        self.mount_with(config, &MountOptions::default())
+    }
+
+    fn mount_with(&mut self, config: FsConfig, options: &MountOptions) -> PathBuf {
         let location =
             Location::open_with(URL, &options_for(&self.proxy.endpoint()), &test_env()).unwrap();
         let dataset = StreamingDataset::open_at(
@@ -143,8 +149,12 @@ impl Fixture {
         let fs = DatasetFs::new(Arc::new(StreamingSource::new(dataset, None)), config).unwrap();
         let mnt = self.mountpoint();
         std::fs::create_dir_all(&mnt).unwrap();
-        self.mount = Some(shardstream_fuse::mount(fs, &mnt, &MountOptions::default()).unwrap());
+        self.mount = Some(shardstream_fuse::mount(fs, &mnt, options).unwrap());
         mnt
+    }
+
+    fn stats(&self) -> &shardstream_fuse::MountStats {
+        self.mount.as_ref().unwrap().stats()
     }
 }
 
@@ -308,4 +318,96 @@ fn an_outage_gives_eio_after_bounded_retries_and_reads_work_again() {
     };
     assert_eq!(&bytes, raw);
     let _ = &fx.rt;
+}
+
+/// Reads `path` whole and at random offsets, checking every byte against `want`.
+fn check_file(path: &Path, want: &[u8], seed: u64) {
+    assert_eq!(&std::fs::read(path).unwrap(), want, "{}", path.display());
+    let mut rng = Rng(seed);
+    random_reads(
+        &File::open(path).unwrap(),
+        want,
+        &mut rng,
+        20,
+        &path.display().to_string(),
+    );
+}
+
+#[test]
+fn a_cached_shard_is_read_by_the_kernel_through_passthrough() {
+    let mut fx = Fixture::start(120, 256 << 10);
+    let mnt = fx.mount(FsConfig::default());
+    // Needs Linux 6.9+ and CAP_SYS_ADMIN, as this test machine has: without them the mount
+    // falls back to daemon reads, which the next test covers.
+    assert!(fx.stats().passthrough(), "passthrough was not negotiated");
+    let shards = fx.source.index.shards.clone();
+    // First pass: cold; whichever mode each open gets, the bytes are the source's.
+    for (i, (info, raw)) in shards.iter().zip(&fx.source.raw).enumerate() {
+        check_file(
+            &mnt.join("shards").join(&info.raw_data.basename),
+            raw,
+            i as u64,
+        );
+    }
+    // Second pass: every shard is cached whole, so every open is a passthrough one and the
+    // daemon sees no read at all.
+    let opens = fx.stats().passthrough_opens();
+    let reads = fx.stats().daemon_reads();
+    for (i, (info, raw)) in shards.iter().zip(&fx.source.raw).enumerate() {
+        check_file(
+            &mnt.join("shards").join(&info.raw_data.basename),
+            raw,
+            100 + i as u64,
+        );
+    }
+    assert_eq!(
+        fx.stats().daemon_reads(),
+        reads,
+        "a warm shard read reached the daemon"
+    );
+    assert!(
+        fx.stats().passthrough_opens() >= opens + 2 * shards.len() as u64,
+        "{} passthrough opens after {opens}",
+        fx.stats().passthrough_opens()
+    );
+    // Several readers of one shard at once share its backing file.
+    let path = mnt.join("shards").join(&shards[0].raw_data.basename);
+    let raw = Arc::new(fx.source.raw[0].clone());
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            let (path, raw) = (path.clone(), Arc::clone(&raw));
+            std::thread::spawn(move || check_file(&path, &raw, 200 + t))
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert_eq!(fx.stats().daemon_reads(), reads);
+    // samples/ files are parts of shards: they are served by the daemon, and correct.
+    assert_eq!(walk(&mnt.join("samples")), fx.source.files);
+    assert!(fx.stats().daemon_reads() > reads);
+}
+
+#[test]
+fn with_passthrough_off_every_read_goes_through_the_daemon() {
+    let mut fx = Fixture::start(60, 128 << 10);
+    let options = MountOptions {
+        passthrough: false,
+        ..MountOptions::default()
+    };
+    let mnt = fx.mount_with(FsConfig::default(), &options);
+    assert!(!fx.stats().passthrough());
+    let shards = fx.source.index.shards.clone();
+    for pass in 0..2u64 {
+        for (i, (info, raw)) in shards.iter().zip(&fx.source.raw).enumerate() {
+            check_file(
+                &mnt.join("shards").join(&info.raw_data.basename),
+                raw,
+                pass * 10 + i as u64,
+            );
+        }
+    }
+    assert_eq!(fx.stats().passthrough_opens(), 0);
+    assert!(fx.stats().daemon_reads() > 0);
+    assert_eq!(walk(&mnt.join("samples")), fx.source.files);
 }

@@ -67,6 +67,11 @@ pub struct MountArgs {
     /// Let other users read the mount (FUSE `allow_other`).
     #[arg(long)]
     pub allow_other: bool,
+    /// Serve every read through the daemon: no FUSE passthrough (by default the kernel reads
+    /// cached shards of `shards/` straight from their cache files where it can: Linux 6.9+ and
+    /// CAP_SYS_ADMIN; without those the mount falls back on its own).
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Seconds the background start waits for the daemon to be ready.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
@@ -119,6 +124,7 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read the index of {}", args.dataset))?;
     let options = MountOptions {
         allow_other: args.allow_other,
+        passthrough: !args.no_passthrough,
         fs_name: format!("shardstream:{}", args.dataset),
         ..MountOptions::default()
     };
