@@ -155,6 +155,21 @@ impl ProcState {
     fn joinable(&self, shard: usize) -> Option<InFlight> {
         self.inflight.lock().ok()?.get(&shard).cloned()
     }
+
+    /// Waits (from a plain thread) until every shard this process is downloading while serving
+    /// it is committed or has failed. A stream calls it at its end: a process that exits right
+    /// after its last sample would otherwise abandon those downloads, and the node would fetch
+    /// them again.
+    pub(crate) fn settle(&self) {
+        let growing: Vec<Growing> = match self.inflight.lock() {
+            Ok(map) => map.values().map(|f| f.growing.clone()).collect(),
+            Err(_) => return,
+        };
+        for g in growing {
+            // A failure was already reported to the readers that needed the shard.
+            let _ = g.wait_blocking(u64::MAX);
+        }
+    }
 }
 
 impl Drop for ProcState {

@@ -377,6 +377,11 @@ impl SampleStream {
             self.slots.clear();
             self.current = None;
             self.read = None;
+            // Shards still arriving in the background (served before they were complete) are
+            // committed before the stream reports its end.
+            if let Ok(ps) = self.ps() {
+                ps.settle();
+            }
             return Ok(None);
         }
         let j = self.partition.process_index(self.rank.worker, self.next);
