@@ -115,3 +115,42 @@ fn every_problem_is_reported() {
     assert_eq!(report["problems"].as_array().unwrap().len(), 2, "{report}");
     assert!(reason(&failed).contains("2 problem(s)"));
 }
+
+/// Uncompressed local shards are streamed through the checks rather than read whole: a flipped
+/// byte still fails its hash, and a broken offset table fails even with no hash recorded.
+#[test]
+fn uncompressed_local_shards_are_checked_in_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let hashed = dataset(
+        &dir.path().join("hashed"),
+        &["--compression", "none", "--hashes", "xxh64,sha256"],
+    );
+    let victim = shard_file(&hashed, 1);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&victim, bytes).unwrap();
+    let failed = run(&["verify", s(&hashed)]).failed();
+    let line = reason(&failed);
+    assert!(
+        line.contains(victim.file_name().unwrap().to_str().unwrap())
+            && line.contains("hash mismatch"),
+        "{line}"
+    );
+
+    let unhashed = dataset(
+        &dir.path().join("unhashed"),
+        &["--compression", "none", "--hashes", "none"],
+    );
+    let victim = shard_file(&unhashed, 0);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    // The second offset (sample 0's end) set below the first: sizes match, the header does not.
+    bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
+    std::fs::write(&victim, bytes).unwrap();
+    let failed = run(&["verify", s(&unhashed), "--json"]).failed();
+    let report: Value = serde_json::from_str(&failed.stdout).unwrap();
+    assert_eq!(report["problems"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["problems"][0]["file"], s(&victim));
+    let problem = report["problems"][0]["problem"].as_str().unwrap();
+    assert!(problem.contains("offset 1"), "{problem}");
+}

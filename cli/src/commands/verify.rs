@@ -11,7 +11,9 @@ use anyhow::bail;
 use futures::{stream, StreamExt};
 use serde::Serialize;
 use shardstream_sharding::input::InputFormat;
-use shardstream_sharding::mds::{decode_stored_shard, Columns, Index, ShardInfo, ShardReader};
+use shardstream_sharding::mds::{
+    decode_stored_shard, verify_raw_shard_file, Columns, Index, ShardInfo, ShardReader,
+};
 use shardstream_storage::Location;
 
 use crate::dataset::{self, get_optional, Layout};
@@ -171,62 +173,104 @@ async fn check_mds_shard(root: &Location, index: &Index, i: usize) -> (u64, Vec<
     };
     let mut problems = Vec::new();
     let mut files = 0;
-    let fetch = |rel: String| async move {
-        let url = root.url_of(&rel);
-        (url, get_optional(root, &rel).await)
-    };
-    let (raw_url, raw) = fetch(shard.raw_data.basename.clone()).await;
-    let zip = match &shard.zip_data {
-        Some(z) => Some(fetch(z.basename.clone()).await),
-        None => None,
-    };
-    let mut present = Vec::new();
-    match raw {
-        Ok(Some(bytes)) => present.push((raw_url.clone(), bytes, false)),
-        Ok(None) => {}
-        Err(e) => problems.push(problem(&raw_url, &format!("{e:#}"))),
+    let raw_name = &shard.raw_data.basename;
+    let raw_url = root.url_of(raw_name);
+    // A local raw file is streamed through the checks (bounded memory, no copy); everything
+    // else is fetched whole, as decompression needs it anyway.
+    let mut found = false;
+    match local_file(root, raw_name) {
+        Ok(Some(path)) => {
+            found = true;
+            files += 1;
+            let (info, url) = (shard.clone(), raw_url.clone());
+            let checked = tokio::task::spawn_blocking(move || {
+                Columns::from_shard_info(&url, &info, true).map_err(|e| e.to_string())?;
+                verify_raw_shard_file(&path, &url, &info).map_err(|e| e.to_string())
+            })
+            .await;
+            match checked {
+                Ok(Ok(())) => {}
+                Ok(Err(message)) => problems.push(problem(&raw_url, &message)),
+                Err(e) => problems.push(problem(&raw_url, &e.to_string())),
+            }
+        }
+        Ok(None) => match get_optional(root, raw_name).await {
+            Ok(Some(bytes)) => {
+                found = true;
+                files += 1;
+                check_fetched(shard, raw_url.clone(), bytes, false, &mut problems).await;
+            }
+            Ok(None) => {}
+            Err(e) => problems.push(problem(&raw_url, &format!("{e:#}"))),
+        },
+        Err(message) => problems.push(problem(&raw_url, &message)),
     }
-    if let Some((zip_url, zip)) = zip {
-        match zip {
-            Ok(Some(bytes)) => present.push((zip_url, bytes, true)),
+    if let Some(zip) = &shard.zip_data {
+        let zip_url = root.url_of(&zip.basename);
+        match get_optional(root, &zip.basename).await {
+            Ok(Some(bytes)) => {
+                found = true;
+                files += 1;
+                check_fetched(shard, zip_url, bytes, true, &mut problems).await;
+            }
             Ok(None) => {}
             Err(e) => problems.push(problem(&zip_url, &format!("{e:#}"))),
         }
     }
-    if present.is_empty() && problems.is_empty() {
+    if !found && problems.is_empty() {
         let stored = root.url_of(&shard.stored_file().basename);
         problems.push(problem(
             &stored,
             "missing (listed in index.json, not found)",
         ));
     }
-    for (url, bytes, from_zip) in present {
-        files += 1;
-        let info = shard.clone();
-        let checked = tokio::task::spawn_blocking(move || {
-            check_stored(&url, &info, &bytes, from_zip)
-                .err()
-                .map(|e| (url, e))
-        })
-        .await;
-        match checked {
-            Ok(None) => {}
-            Ok(Some((url, message))) => problems.push(problem(&url, &message)),
-            Err(e) => problems.push(problem(
-                &root.url_of(&shard.raw_data.basename),
-                &e.to_string(),
-            )),
-        }
-    }
     (files, problems)
+}
+
+/// The local file behind `rel` when the dataset is local and the file exists (`Ok(None)` when
+/// remote or absent); an error message when it exists but cannot be looked at.
+fn local_file(root: &Location, rel: &str) -> Result<Option<std::path::PathBuf>, String> {
+    let Some(path) = root.local_path(rel).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    match std::fs::metadata(&path) {
+        Ok(_) => Ok(Some(path)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read: {e}")),
+    }
+}
+
+/// Runs [`check_stored`] on fetched bytes off the async threads, adding any problem.
+async fn check_fetched(
+    shard: &ShardInfo,
+    url: String,
+    bytes: bytes::Bytes,
+    from_zip: bool,
+    problems: &mut Vec<Problem>,
+) {
+    let info = shard.clone();
+    let shown = url.clone();
+    let checked =
+        tokio::task::spawn_blocking(move || check_stored(&url, &info, bytes, from_zip)).await;
+    match checked {
+        Ok(Ok(())) => {}
+        Ok(Err(message)) => problems.push(problem(&shown, &message)),
+        Err(e) => problems.push(problem(&shown, &e.to_string())),
+    }
 }
 
 /// Size and hashes of one stored file (`decode_stored_shard` checks them first), then for a
 /// compressed one the inflated bytes against the raw record, then the shard header against the
 /// index.
-fn check_stored(url: &str, info: &ShardInfo, bytes: &[u8], from_zip: bool) -> Result<(), String> {
-    let raw = decode_stored_shard(url, info, bytes.to_vec(), from_zip, true)
-        .map_err(|e| e.to_string())?;
+fn check_stored(
+    url: &str,
+    info: &ShardInfo,
+    bytes: bytes::Bytes,
+    from_zip: bool,
+) -> Result<(), String> {
+    // Without a copy when the buffer is not shared (a fresh GET's is not).
+    let stored = Vec::from(bytes);
+    let raw = decode_stored_shard(url, info, stored, from_zip, true).map_err(|e| e.to_string())?;
     let columns = Columns::from_shard_info(url, info, true).map_err(|e| e.to_string())?;
     ShardReader::new(url, raw, Arc::new(columns), Some(info.samples)).map_err(|e| e.to_string())?;
     Ok(())

@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{FormatError, Result};
-use crate::hashing::{verify_hash, HashAlgorithm};
+use crate::hashing::{verify_hash, HashAlgorithm, Hasher};
 use crate::mds::index::{FileInfo, Index, ShardInfo};
-use crate::mds::shard::{Columns, ShardReader};
+use crate::mds::shard::{check_shard_header, shard_header_len, Columns, ShardReader};
 use crate::mds::writer::INDEX_BASENAME;
 use crate::safe_path::check_relative;
 use crate::value::Sample;
@@ -55,6 +55,83 @@ fn verify_size(path: &str, data: &[u8], info: &FileInfo) -> Result<()> {
             actual: data.len() as u64,
         });
     }
+    Ok(())
+}
+
+/// Checks a shard's raw (uncompressed) file on local disk against its index entry: its size,
+/// every hash the index records and its header (what [`verify_file`] plus [`ShardReader::new`]
+/// check on bytes in memory), reading the file in pieces. Memory stays at one read buffer
+/// whatever the shard's size, and no page is copied twice. `name` names the file in errors.
+pub fn verify_raw_shard_file(file: &Path, name: &str, info: &ShardInfo) -> Result<()> {
+    use std::io::Read;
+    const READ_SIZE: u64 = 4 << 20;
+    let io = |e| FormatError::io(file, e);
+    let mut reader = std::fs::File::open(file).map_err(io)?;
+    let len = reader.metadata().map_err(io)?.len();
+    if len != info.raw_data.bytes {
+        return Err(FormatError::SizeMismatch {
+            path: name.to_string(),
+            expected: info.raw_data.bytes,
+            actual: len,
+        });
+    }
+    let mut hashers = info
+        .raw_data
+        .hashes
+        .iter()
+        .map(|(algorithm, hex)| {
+            let algorithm = HashAlgorithm::parse(algorithm)?;
+            Ok((algorithm, algorithm.hasher(), hex.as_str()))
+        })
+        .collect::<Result<Vec<(HashAlgorithm, Hasher, &str)>>>()?;
+    // The header is 4 bytes of sample count, then the offset table its count sizes.
+    let mut head = Vec::new();
+    let mut head_wanted = 4u64.min(len);
+    let mut buf = vec![0u8; READ_SIZE.min(len).max(1) as usize];
+    let mut seen = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        let mut chunk = &buf[..n];
+        for (_, hasher, _) in &mut hashers {
+            hasher.update(chunk);
+        }
+        while (head.len() as u64) < head_wanted && !chunk.is_empty() {
+            let take = (head_wanted - head.len() as u64).min(chunk.len() as u64) as usize;
+            head.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if head_wanted == 4 {
+                if let Ok(first_four) = <[u8; 4]>::try_from(&head[..]) {
+                    head_wanted = shard_header_len(first_four).min(len);
+                }
+            }
+        }
+        seen += n as u64;
+    }
+    if seen != len {
+        // The file changed size while it was read.
+        return Err(FormatError::SizeMismatch {
+            path: name.to_string(),
+            expected: len,
+            actual: seen,
+        });
+    }
+    for (algorithm, hasher, expected) in hashers {
+        let actual = hasher.finish_hex();
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(FormatError::HashMismatch {
+                path: name.to_string(),
+                algorithm: algorithm.name().to_string(),
+                expected: expected.to_string(),
+                actual,
+            });
+        }
+    }
+    check_shard_header(name, &head, len, Some(info.samples))?;
     Ok(())
 }
 

@@ -44,9 +44,11 @@ pub mod shard;
 pub mod sink;
 pub mod writer;
 
-pub use dataset::{decode_stored_shard, verify_file, DatasetOptions, MdsDataset};
+pub use dataset::{
+    decode_stored_shard, verify_file, verify_raw_shard_file, DatasetOptions, MdsDataset,
+};
 pub use encoding::Encoding;
 pub use index::{merge_indexes, FileInfo, Index, ShardInfo, MAX_SHARD_BYTES};
-pub use shard::{encode_shard, Columns, ShardReader};
+pub use shard::{check_shard_header, encode_shard, shard_header_len, Columns, ShardReader};
 pub use sink::{LocalDirSink, ShardSink};
 pub use writer::{MdsWriter, MdsWriterOptions, DEFAULT_SIZE_LIMIT, INDEX_BASENAME};

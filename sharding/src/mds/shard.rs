@@ -261,6 +261,60 @@ pub fn encode_shard(
     Ok(out)
 }
 
+/// Bytes of a shard's header (sample count and offset table) for the count in its first 4 bytes:
+/// what [`check_shard_header`] needs to see of a file read in pieces.
+pub fn shard_header_len(first_four: [u8; 4]) -> u64 {
+    4 + 4 * (u64::from(u32::from_le_bytes(first_four)) + 1)
+}
+
+/// Checks a shard's header against its size `len` and returns its sample count: the count
+/// matches `expected_samples` when given, and the offsets rise monotonically from past the
+/// offset table to exactly `len`. `head` is the start of the file, at least
+/// [`shard_header_len`] bytes of it (or all of it when shorter); `path` names it in errors.
+pub fn check_shard_header(
+    path: &str,
+    head: &[u8],
+    len: u64,
+    expected_samples: Option<u64>,
+) -> Result<u32> {
+    let corrupt = |reason: String| FormatError::corrupt(path, reason);
+    let n =
+        read_u32(head, 0).ok_or_else(|| corrupt(format!("{len} bytes, too short for a header")))?;
+    if let Some(expected) = expected_samples {
+        if expected != u64::from(n) {
+            return Err(corrupt(format!(
+                "header holds {n} samples, the index says {expected}"
+            )));
+        }
+    }
+    let table_end = 4 + 4 * (u64::from(n) + 1);
+    if table_end > len || table_end > head.len() as u64 {
+        return Err(FormatError::SizeMismatch {
+            path: path.to_string(),
+            expected: table_end,
+            actual: len.min(head.len() as u64),
+        });
+    }
+    let mut prev = table_end;
+    for i in 0..=n as usize {
+        let off = u64::from(read_u32(head, 4 + 4 * i).unwrap_or(0));
+        if off < prev {
+            return Err(corrupt(format!(
+                "offset {i} ({off}) is below the previous one or inside the offset table ({prev})"
+            )));
+        }
+        prev = off;
+    }
+    if prev != len {
+        return Err(FormatError::SizeMismatch {
+            path: path.to_string(),
+            expected: prev,
+            actual: len,
+        });
+    }
+    Ok(n)
+}
+
 fn read_u32(data: &[u8], at: usize) -> Option<u32> {
     let bytes = data.get(at..at.checked_add(4)?)?;
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
@@ -288,42 +342,7 @@ impl<B: AsRef<[u8]>> ShardReader<B> {
     ) -> Result<Self> {
         let path = path.into();
         let bytes = data.as_ref();
-        let corrupt = |reason: String| FormatError::corrupt(&path, reason);
-        let len = bytes.len() as u64;
-        let n = read_u32(bytes, 0)
-            .ok_or_else(|| corrupt(format!("{len} bytes, too short for a header")))?;
-        if let Some(expected) = expected_samples {
-            if expected != u64::from(n) {
-                return Err(corrupt(format!(
-                    "header holds {n} samples, the index says {expected}"
-                )));
-            }
-        }
-        let table_end = 4 + 4 * (u64::from(n) + 1);
-        if table_end > len {
-            return Err(FormatError::SizeMismatch {
-                path: path.clone(),
-                expected: table_end,
-                actual: len,
-            });
-        }
-        let mut prev = table_end;
-        for i in 0..=n as usize {
-            let off = u64::from(read_u32(bytes, 4 + 4 * i).unwrap_or(0));
-            if off < prev {
-                return Err(corrupt(format!(
-                    "offset {i} ({off}) is below the previous one or inside the offset table ({prev})"
-                )));
-            }
-            prev = off;
-        }
-        if prev != len {
-            return Err(FormatError::SizeMismatch {
-                path: path.clone(),
-                expected: prev,
-                actual: len,
-            });
-        }
+        let n = check_shard_header(&path, bytes, bytes.len() as u64, expected_samples)?;
         Ok(ShardReader {
             path,
             data,
