@@ -69,6 +69,25 @@ def gen_files(root: Path, n: int, size: int) -> int:
     return n * size
 
 
+def transfer_dataset(work: Path, ss: Path, mb: int, timeout: float) -> Path:
+    """An MDS dataset of `mb` MiB of random bytes (1 MiB samples), uncompressed, 64 MiB shards."""
+    out = work / f"transfer-{mb}mb"
+    if (out / "index.json").exists():
+        return out
+    src = work / f"transfer-src-{mb}mb"
+    shutil.rmtree(src, ignore_errors=True)
+    (src / "0000").mkdir(parents=True)
+    for i in range(mb):
+        (src / "0000" / f"{i:07}.bin").write_bytes(os.urandom(1 << 20))
+    tmp = work / f"transfer-{mb}mb.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    sh([str(ss), "shard", str(src), str(tmp), "--compression", "none", "--shard-size", "64MiB",
+        "--hashes", "xxh64", "--input-format", "files"], timeout)
+    shutil.rmtree(src, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def gen_jsonl(path: Path, mb: int) -> tuple[int, int]:
     target = mb << 20
     if path.exists() and path.stat().st_size >= target:
@@ -107,15 +126,21 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default=str(REPO / ".bench-work"))
     ap.add_argument("--json-out", default=str(REPO / ".bench-work" / "shard_bench.json"))
+    ap.add_argument("--transfer-mb", type=int, default=1024,
+                    help="size of the incompressible dataset that verify/upload/download are measured on")
+    ap.add_argument("--skip-shard", action="store_true",
+                    help="measure only verify/upload/download (skip the sharding comparison)")
+    ap.add_argument("--no-build", action="store_true", help="use target/release/shardstream as it is")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (CI smoke)")
     args = ap.parse_args()
     if args.quick:
-        args.files, args.jsonl_mb, args.runs = 2000, 8, 1
+        args.files, args.jsonl_mb, args.transfer_mb, args.runs = 2000, 8, 16, 1
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     ss = REPO / "target" / "release" / "shardstream"
-    sh(["cargo", "build", "--release", "-q", "-p", "shardstream-cli"], args.timeout)
+    if not args.no_build:
+        sh(["cargo", "build", "--release", "-q", "-p", "shardstream-cli"], args.timeout)
 
     results: dict = {"machine": {"cores": cores, "platform": platform.platform()}, "rows": []}
 
@@ -133,11 +158,15 @@ def main() -> None:
               f"(median {stats['median_s']:.2f}s, min {stats['min_s']:.2f}, max {stats['max_s']:.2f}) {check}", flush=True)
 
     inputs = {}
-    files_dir = work / f"files-{args.files}x{args.file_kb}k"
-    inputs["files"] = (files_dir, gen_files(files_dir, args.files, args.file_kb * 1024), args.files)
-    jsonl = work / f"data-{args.jsonl_mb}mb.jsonl"
-    n_lines, jsonl_bytes = gen_jsonl(jsonl, args.jsonl_mb)
-    inputs["jsonl"] = (jsonl, jsonl_bytes, n_lines)
+    if args.skip_shard:
+        args.files = args.jsonl_mb = 0
+    if args.files:
+        files_dir = work / f"files-{args.files}x{args.file_kb}k"
+        inputs["files"] = (files_dir, gen_files(files_dir, args.files, args.file_kb * 1024), args.files)
+    if args.jsonl_mb:
+        jsonl = work / f"data-{args.jsonl_mb}mb.jsonl"
+        n_lines, jsonl_bytes = gen_jsonl(jsonl, args.jsonl_mb)
+        inputs["jsonl"] = (jsonl, jsonl_bytes, n_lines)
 
     for kind, (src, nbytes, n_items) in inputs.items():
         name = f"shard {kind}"
@@ -183,10 +212,13 @@ def main() -> None:
         lit_n = sum(c["chunk_size"] for c in lit_index["chunks"])
         row(name, "litdata", st, nbytes, n_items, "ok" if lit_n == n_items else f"WRONG COUNT {lit_n}")
 
-    # verify vs reading the files (page cache, warm).
-    ds = work / "ss-jsonl"
+    # verify / upload / download are measured on incompressible data in uncompressed 64 MiB shards:
+    # a compressed text dataset would be a handful of small objects (fixed costs dominate) and
+    # `verify` would mostly measure decompression.
+    ds = transfer_dataset(work, ss, args.transfer_mb, args.timeout)
     ds_bytes = sum(p.stat().st_size for p in ds.iterdir())
     shard_files = [str(p) for p in ds.iterdir()]
+    print(f"\ntransfer dataset: {ds_bytes / 1e6:.0f} MB in {len(shard_files)} files ({ds})", flush=True)
     row("verify (warm)", "ceiling: cat > /dev/null", timed(lambda: sh(["cat", *shard_files], args.timeout), args.runs), ds_bytes, 1)
     row("verify (warm)", "shardstream", timed(lambda: sh([str(ss), "verify", str(ds)], args.timeout), args.runs), ds_bytes, 1)
 
@@ -220,7 +252,7 @@ def main() -> None:
             with cf.ThreadPoolExecutor(8) as ex:
                 list(ex.map(lambda p: s3.download_file("bench", f"raw/{p.name}", str(dst / p.name)), files))
         row("upload", "ceiling: boto3 8 threads", timed(raw_put, args.runs), ds_bytes, len(files))
-        row("upload", "shardstream", timed(lambda: sh([str(ss), "upload", str(ds), "s3://bench/ss"], args.timeout, env), args.runs), ds_bytes, len(files))
+        row("upload", "shardstream", timed(lambda: sh([str(ss), "upload", "--force", str(ds), "s3://bench/ss"], args.timeout, env), args.runs), ds_bytes, len(files))
         row("download", "ceiling: boto3 8 threads", timed(raw_get, args.runs), ds_bytes, len(files))
         def ss_down():
             shutil.rmtree(work / "ss-down", ignore_errors=True)
