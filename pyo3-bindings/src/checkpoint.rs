@@ -25,7 +25,7 @@ use shardstream_checkpoint::checksum::{crc32c, crc32c_combine};
 use shardstream_checkpoint::fetch::{cut, read_pieces, ReadTarget};
 use shardstream_checkpoint::{
     CheckpointError as CoreError, CheckpointInfo, CheckpointMetrics, CheckpointReader,
-    CheckpointRoot, CommitRequest, FileRecord, FileWriter, SaveAttempt, UploadConfig,
+    CheckpointRoot, CommitRequest, FileRecord, FileWriter, RankWriter, SaveAttempt, UploadConfig,
 };
 
 use crate::errors;
@@ -157,7 +157,8 @@ impl CheckpointStore {
         Ok(a.attempt().to_owned())
     }
 
-    /// A writer for file `name` of `rank` in attempt `attempt` of checkpoint `id`.
+    /// A writer for file `name` of `rank` in attempt `attempt` of checkpoint `id`, with a
+    /// buffer budget of its own.
     #[pyo3(signature = (id, attempt, rank, name, part_size=None, memory_budget=None, max_concurrent_requests=None))]
     #[allow(clippy::too_many_arguments)]
     fn create_file(
@@ -170,6 +171,30 @@ impl CheckpointStore {
         memory_budget: Option<u64>,
         max_concurrent_requests: Option<usize>,
     ) -> PyResult<RankFileWriter> {
+        self.rank_writer(
+            id,
+            attempt,
+            rank,
+            part_size,
+            memory_budget,
+            max_concurrent_requests,
+        )?
+        .create(name)
+    }
+
+    /// The writer of `rank`'s files in attempt `attempt` of checkpoint `id`: every file it
+    /// creates shares one buffer budget and one request cap, so several files can upload at
+    /// once (`RankFileWriter.start_finish`) while host memory stays within `memory_budget`.
+    #[pyo3(signature = (id, attempt, rank, part_size=None, memory_budget=None, max_concurrent_requests=None))]
+    fn rank_writer(
+        &self,
+        id: &str,
+        attempt: &str,
+        rank: u32,
+        part_size: Option<u64>,
+        memory_budget: Option<u64>,
+        max_concurrent_requests: Option<usize>,
+    ) -> PyResult<CheckpointRankWriter> {
         let mut config = UploadConfig::default();
         if let Some(p) = part_size {
             config.part_size = p;
@@ -186,11 +211,9 @@ impl CheckpointStore {
             .root
             .rank_writer(&attempt, rank, &config)
             .map_err(to_py)?;
-        let file = writer.create(name).map_err(to_py)?;
-        Ok(RankFileWriter {
-            inner: Mutex::new(Some(file)),
-            name: name.to_owned(),
-            item_crc: Mutex::new(0),
+        Ok(CheckpointRankWriter {
+            writer,
+            part_size: config.part_size,
         })
     }
 
@@ -305,6 +328,32 @@ fn info_dict<'py>(py: Python<'py>, i: &CheckpointInfo) -> PyResult<Bound<'py, Py
     Ok(d)
 }
 
+/// One rank's writer in one save attempt (from `CheckpointStore.rank_writer`).
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct CheckpointRankWriter {
+    writer: RankWriter,
+    part_size: u64,
+}
+
+#[pymethods]
+impl CheckpointRankWriter {
+    /// Starts file `name` (relative to the attempt directory).
+    fn create(&self, name: &str) -> PyResult<RankFileWriter> {
+        let file = self.writer.create(name).map_err(to_py)?;
+        Ok(RankFileWriter {
+            inner: Mutex::new(Some(file)),
+            name: name.to_owned(),
+            item_crc: Mutex::new(0),
+        })
+    }
+
+    /// The part size: a file no larger goes up in one PUT.
+    #[getter]
+    fn part_size(&self) -> u64 {
+        self.part_size
+    }
+}
+
 /// One data file being uploaded. `write` appends an item and returns its CRC32C; `finish`
 /// completes the upload and returns the file's record as JSON. Dropped unfinished, its
 /// multipart upload is aborted.
@@ -400,6 +449,17 @@ impl RankFileWriter {
         let w = self.take()?;
         let record = block_on(py, move || w.finish())?;
         serde_json::to_string(&record).map_err(|e| json_err("file record", e))
+    }
+
+    /// Starts uploading the rest and completing the file in the background, and returns at
+    /// once; `PendingFinish.wait()` returns the record. Lets the next file fill while this
+    /// one goes up (within the rank writer's shared budget).
+    fn start_finish(&self) -> PyResult<PendingFinish> {
+        let w = self.take()?;
+        let task = runtime()?.spawn(w.finish());
+        Ok(PendingFinish {
+            task: Mutex::new(Some(task)),
+        })
     }
 
     /// Abandons the file (its multipart upload is aborted). Idempotent.
@@ -557,6 +617,60 @@ impl CheckpointBuffer {
     /// # Safety
     /// Nothing to release: the memory is owned by the object.
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}
+
+/// The completion of one file started by `RankFileWriter.start_finish`. Dropped or cancelled
+/// unfinished, the upload is aborted (nothing is committed without its record anyway).
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct PendingFinish {
+    task: Mutex<Option<tokio::task::JoinHandle<Result<FileRecord, CoreError>>>>,
+}
+
+#[pymethods]
+impl PendingFinish {
+    /// The file's record (JSON) for the commit, once uploaded (Ctrl-C while waiting raises
+    /// `KeyboardInterrupt` and aborts the upload).
+    fn wait(&self, py: Python<'_>) -> PyResult<String> {
+        let task = self
+            .task
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("finish lock poisoned"))?
+            .take()
+            .ok_or_else(|| errors::CheckpointError::new_err("this upload was already waited on"))?;
+        let abort = task.abort_handle();
+        let record = block_on(py, move || async move {
+            task.await.map_err(|e| CoreError::Store {
+                op: "put",
+                path: Path::from("upload task"),
+                source: object_store::Error::JoinError { source: e },
+            })?
+        });
+        if record.is_err() {
+            abort.abort();
+        }
+        serde_json::to_string(&record?).map_err(|e| json_err("file record", e))
+    }
+
+    /// Aborts the upload if it has not finished. Idempotent.
+    fn cancel(&self) -> PyResult<()> {
+        let task = self
+            .task
+            .lock()
+            .map_err(|_| errors::CheckpointError::new_err("finish lock poisoned"))?
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PendingFinish {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().ok().and_then(|t| t.take()) {
+            task.abort();
+        }
+    }
 }
 
 /// The background task of a [`PendingRead`]: every item's bytes, in request order.

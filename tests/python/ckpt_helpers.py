@@ -6,7 +6,7 @@ As a script (under torchrun, or plain python for world size 1):
                                          [--part-size N] [--ballast-mb M]
     ckpt_helpers.py load URL REF_DIR
     ckpt_helpers.py async URL REF_DIR [--ballast-mb M]
-    ckpt_helpers.py memory URL REF_DIR --ballast-mb M --budget-mb B --part-size N
+    ckpt_helpers.py memory URL REF_DIR --ballast-mb M --budget-mb B --part-size N [--ballast-tensors K]
 
 `save` trains a small MLP with Adam for a few steps (the same on every rank, seeded), shards every
 parameter and every optimizer-state tensor over the ranks along dim 0 as DTensors, and saves
@@ -325,6 +325,7 @@ def main() -> int:
     ap.add_argument("--part-size", type=int)
     ap.add_argument("--ballast-mb", type=int, default=0)
     ap.add_argument("--budget-mb", type=int, default=512)
+    ap.add_argument("--ballast-tensors", type=int, default=1)
     args = ap.parse_args()
 
     import torch
@@ -339,13 +340,15 @@ def main() -> int:
     ref_path = Path(args.ref_dir) / "ref.pt"
 
     if args.mode == "memory":
-        # Peak RSS growth while saving one --ballast-mb tensor with a --budget-mb upload budget.
+        # Peak RSS growth while saving --ballast-mb of tensors (--ballast-tensors of them) with
+        # a --budget-mb upload budget.
         import resource
 
         from shardstream.checkpoint import StorageWriter
 
         mib = 1 << 20
-        state = {"w": torch.ones(args.ballast_mb * mib // 4)}  # allocated and touched
+        per = args.ballast_mb * mib // 4 // args.ballast_tensors
+        state = {f"w{i}": torch.ones(per) for i in range(args.ballast_tensors)}  # allocated and touched
         dcp.save({"x": torch.zeros(4)}, storage_writer=StorageWriter(args.url + "_warm"), no_dist=True)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         writer = StorageWriter(args.url, part_size=args.part_size, memory_budget=args.budget_mb * mib)

@@ -143,11 +143,15 @@ def test_kill9_during_save_leaves_previous_checkpoint_latest(
     assert verify(url1)["failures"] == []
 
 
-def test_save_memory_stays_within_the_upload_budget(tmp_path):
-    """A 512 MiB tensor saved with a 64 MiB budget: torch.save's output streams to the uploader
-    in pieces, so the process grows by about the budget, not by the tensor."""
+@pytest.mark.parametrize("tensors", [1, 64])
+def test_save_memory_stays_within_the_upload_budget(tmp_path, tensors):
+    """512 MiB saved with a 64 MiB budget, as one tensor (one multipart file) or as 64 tensors
+    (64 single-PUT files in flight at once, sharing the rank's budget): torch.save's output
+    streams to the uploader in pieces, so the process grows by about the budget, not by the
+    data."""
     proc = run_workers(1, "memory", str(tmp_path / "step_1"), str(tmp_path),
-                       "--ballast-mb", "512", "--budget-mb", "64", "--part-size", str(16 * MIB))
+                       "--ballast-mb", "512", "--budget-mb", "64", "--part-size", str(16 * MIB),
+                       "--ballast-tensors", str(tensors))
     [res] = result_lines(proc)
     # budget + one 16 MiB piece in flight to the uploader + allocator slack
     assert res["growth"] <= (64 + 16 + 48) * MIB, res
@@ -187,6 +191,24 @@ def _assert_equal(got: dict, want: dict) -> None:
         assert torch.equal(got["optim"]["state"][p]["momentum_buffer"],
                            want["optim"]["state"][p]["momentum_buffer"])
     assert got["epoch"] == want["epoch"]
+
+
+def test_items_are_packed_into_files_of_about_file_size(tmp_path):
+    """Six 256 KiB tensors with file_size=600 KiB: three files of two tensors each, every one
+    below the part size (one PUT each), and the checkpoint loads with ours and with torch's
+    FileSystemReader."""
+    torch.manual_seed(0)
+    state = {f"t{i}": torch.randn(64 << 10) for i in range(6)}
+    url = tmp_path / "step_1"
+    dcp.save(state, storage_writer=StorageWriter(url, file_size=600 << 10, part_size=1 * MIB), no_dist=True)
+    files = sorted(url.glob("attempt-*/__0_*.distcp"))
+    assert len(files) == 3, files
+    assert all(f.stat().st_size <= 600 << 10 for f in files)
+    for reader in (StorageReader(url), FileSystemReader(url)):
+        loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+        dcp.load(loaded, storage_reader=reader, no_dist=True)
+        assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert verify(url)["failures"] == []
 
 
 def test_ours_loads_with_torch_filesystem_reader(tmp_path):
@@ -319,12 +341,22 @@ def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch):
         def __getattr__(self, name):
             return getattr(self.f, name)
 
+    class RankWriter:
+        def __init__(self, writer) -> None:
+            self.writer = writer
+
+        def create(self, *args, **kwargs):
+            return StallOnFirstWrite(self.writer.create(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.writer, name)
+
     class Store:
         def __init__(self, store) -> None:
             self.store = store
 
-        def create_file(self, *args, **kwargs):
-            return StallOnFirstWrite(self.store.create_file(*args, **kwargs))
+        def rank_writer(self, *args, **kwargs):
+            return RankWriter(self.store.rank_writer(*args, **kwargs))
 
         def __getattr__(self, name):
             return getattr(self.store, name)

@@ -122,6 +122,43 @@ def _cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+#: Bytes ``torch.save`` adds around a tensor's data (zip headers, pickle), for packing.
+_ITEM_OVERHEAD = 4096
+
+
+def _item_nbytes(item: WriteItem) -> int:
+    td = item.tensor_data
+    if td is None:
+        return _ITEM_OVERHEAD
+    return td.chunk.sizes.numel() * torch._utils._element_size(td.properties.dtype) + _ITEM_OVERHEAD
+
+
+def _pack_items(items: list[WriteItem], min_files: int, target: int) -> list[list[WriteItem]]:
+    """Items into files of at most ``target`` bytes where they fit (first fit, largest first;
+    an item larger than ``target`` gets a file of its own), at least ``min_files`` of them.
+    Files no larger than a part go up in one PUT each, several at once, instead of one
+    multipart upload per rank with a completion at the end; empty files are never made."""
+    if not items:
+        return []
+    if min_files > 1 and len(items) >= min_files:
+        by_count = [b for b in _split_items(items, min_files) if b]
+        if max(sum(_item_nbytes(i) for i in b) for b in by_count) <= target:
+            return by_count
+    bins: list[list[WriteItem]] = []
+    room: list[int] = []
+    for item in sorted(items, key=_item_nbytes, reverse=True):
+        n = _item_nbytes(item)
+        for k, free in enumerate(room):
+            if n <= free:
+                bins[k].append(item)
+                room[k] -= n
+                break
+        else:
+            bins.append([item])
+            room.append(target - n)
+    return bins
+
+
 def _split_items(items: list[WriteItem], n: int) -> list[list[WriteItem]]:
     """Byte items round-robin, tensors greedily by size (as FileSystemWriter does)."""
     n = max(1, min(n, len(items))) if items else 1
@@ -155,9 +192,13 @@ class StorageWriter(_DcpWriter):
 
     Args:
         url: ``<root>/<checkpoint-id>``; ``checkpoint_id=`` of ``dcp.save`` overrides it.
-        files_per_rank: data files per rank (items are balanced over them by size).
+        files_per_rank: the fewest data files per rank (items are balanced over them by size).
+        file_size: bytes of items per data file (default: the part size). A rank's items are
+            packed into files of about this size, each uploaded in one PUT while the next one
+            fills; an item larger than this gets a file of its own (a multipart upload).
         part_size / memory_budget / max_concurrent_requests: upload settings (bytes, bytes,
-            requests); ``None`` keeps the core's defaults (64 MiB, 512 MiB, 16).
+            requests); ``None`` keeps the core's defaults (64 MiB, 512 MiB, 16). Every file
+            of a rank shares the one memory budget.
         step: training step recorded in the manifest (default: the id's trailing digits).
         metadata: JSON-serialisable dict stored in the manifest.
     """
@@ -167,6 +208,7 @@ class StorageWriter(_DcpWriter):
         url: str | os.PathLike | None = None,
         *,
         files_per_rank: int = 1,
+        file_size: int | None = None,
         part_size: int | None = None,
         memory_budget: int | None = None,
         max_concurrent_requests: int | None = None,
@@ -176,6 +218,7 @@ class StorageWriter(_DcpWriter):
         super().__init__()
         self.url = "" if url is None else os.fspath(url)
         self.files_per_rank = files_per_rank
+        self.file_size = file_size
         self.upload_options = {
             "part_size": part_size,
             "memory_budget": memory_budget,
@@ -232,19 +275,20 @@ class StorageWriter(_DcpWriter):
         store = _store(root)
         attempt, rank, prefix = info["attempt"], int(info["rank"]), info["prefix"]
         results: list[WriteResult] = []
-        records: list[str] = []
         crcs: list[list] = []
-        for k, items in enumerate(_split_items(plan.items, self.files_per_rank)):
-            if not items:
-                continue
-            name = f"{prefix}{k}.distcp"
-            rel = f"{attempt}/{name}"
-            f = store.create_file(cid, attempt, rank, name, **self.upload_options)
-            try:
+        # One writer for all of this rank's files: they share its buffer budget and request cap.
+        writer = store.rank_writer(cid, attempt, rank, **self.upload_options)
+        target = self.file_size or writer.part_size
+        pending: list[Any] = []
+        f = None
+        try:
+            for k, items in enumerate(_pack_items(plan.items, self.files_per_rank, target)):
+                name = f"{prefix}{k}.distcp"
+                rel = f"{attempt}/{name}"
+                f = writer.create(name)
                 offset = 0
                 # Byte items first, then tensors, as FileSystemWriter orders them.
-                items = sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO)
-                for item in items:
+                for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                     data = planner.resolve_data(item)
                     sink = _ItemSink(f)
                     if item.type == WriteItemType.BYTE_IO:
@@ -262,10 +306,16 @@ class StorageWriter(_DcpWriter):
                     )
                     crcs.append([rel, offset, n, crc])
                     offset += n
-                records.append(f.finish())
-            except BaseException:
+                # The file goes up in the background while the next one fills.
+                pending.append(f.start_finish())
+                f = None
+            records = [p.wait() for p in pending]
+        except BaseException:
+            if f is not None:
                 f.abort()
-                raise
+            for p in pending:
+                p.cancel()
+            raise
         results.append(
             WriteResult(
                 index=MetadataIndex(_RECORDS_FQN),
