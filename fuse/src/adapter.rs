@@ -22,7 +22,7 @@ use fuser::{
 };
 
 use crate::error::FsError;
-use crate::fs::{Attr, DatasetFs, Kind};
+use crate::fs::{Attr, Backing, DatasetFs, Kind};
 use crate::passthrough::{IoModes, Mode};
 
 /// Largest read the kernel is asked to send (and its read-ahead); the kernel's default cap on
@@ -44,6 +44,7 @@ pub struct MountStats {
     passthrough: AtomicBool,
     passthrough_opens: AtomicU64,
     daemon_reads: AtomicU64,
+    open_files: AtomicU64,
 }
 
 impl MountStats {
@@ -55,6 +56,11 @@ impl MountStats {
     /// Opens served in passthrough mode so far.
     pub fn passthrough_opens(&self) -> u64 {
         self.passthrough_opens.load(Ordering::Relaxed)
+    }
+
+    /// Files open now (the kernel sends the release of a closed file a moment after `close`).
+    pub fn open_files(&self) -> u64 {
+        self.open_files.load(Ordering::Relaxed)
     }
 
     /// Read requests the daemon answered so far (passthrough reads never reach it).
@@ -69,6 +75,9 @@ pub struct FuseAdapter {
     fs: DatasetFs,
     /// Whether to ask the kernel for passthrough at init.
     want_passthrough: bool,
+    /// Whether init negotiated it: from then on every open of a shard goes through `modes`,
+    /// even once a refusal has turned new backings off (files may still use old ones).
+    negotiated: bool,
     modes: IoModes<BackingId>,
     stats: Arc<MountStats>,
 }
@@ -80,6 +89,7 @@ impl FuseAdapter {
         FuseAdapter {
             fs,
             want_passthrough: passthrough,
+            negotiated: false,
             modes: IoModes::default(),
             stats: Arc::new(MountStats::default()),
         }
@@ -93,6 +103,9 @@ impl FuseAdapter {
     /// Registers `file` with the kernel for passthrough; a refusal for lack of privilege turns
     /// passthrough off for the rest of the mount.
     fn register(&self, reply: &ReplyOpen, file: &std::fs::File) -> Option<BackingId> {
+        if !self.stats.passthrough() {
+            return None;
+        }
         match reply.open_backing(file) {
             Ok(id) => Some(id),
             Err(e) => {
@@ -188,6 +201,7 @@ impl Filesystem for FuseAdapter {
                 }
                 true
             };
+            self.negotiated = enabled;
             self.stats.passthrough.store(enabled, Ordering::Relaxed);
         }
         tracing::info!(
@@ -317,28 +331,28 @@ impl Filesystem for FuseAdapter {
             Ok(fh) => fh,
             Err(e) => return reply.error(errno("open", &e)),
         };
-        if self.stats.passthrough() {
+        self.stats.open_files.fetch_add(1, Ordering::Relaxed);
+        if self.negotiated {
             // A shard file is fetched here rather than at its first read: that read would wait
             // for the whole shard anyway, and once it is cached the kernel reads it itself.
-            match self.fs.backing_file(fh) {
-                Ok(Some(file)) => {
-                    let mode = self
-                        .modes
-                        .open(ino.into(), fh, || self.register(&reply, &file));
-                    if let Mode::Passthrough(backing) = mode {
-                        self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                        return reply.opened_passthrough(
-                            FileHandle(fh),
-                            FopenFlags::empty(),
-                            &backing,
-                        );
-                    }
-                }
-                Ok(None) => {}
+            // Every open of a whole shard goes through `modes`, also one that cannot use
+            // passthrough now: while it is open, the kernel refuses passthrough for the file.
+            let mode = match self.fs.backing_file(fh) {
+                Ok(Backing::Never) => None,
+                Ok(Backing::NotNow) => Some(self.modes.open(ino.into(), fh, || None)),
+                Ok(Backing::File(file)) => Some(
+                    self.modes
+                        .open(ino.into(), fh, || self.register(&reply, &file)),
+                ),
                 Err(e) => {
                     self.fs.release(fh);
+                    self.stats.open_files.fetch_sub(1, Ordering::Relaxed);
                     return reply.error(errno("open", &e));
                 }
+            };
+            if let Some(Mode::Passthrough(backing)) = mode {
+                self.stats.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
             }
         }
         // The bytes never change while mounted: keep the page cache across opens.
@@ -408,6 +422,7 @@ impl Filesystem for FuseAdapter {
         // The backing (if any) goes first: the kernel is done with this open.
         self.modes.release(fh.into());
         self.fs.release(fh.into());
+        self.stats.open_files.fetch_sub(1, Ordering::Relaxed);
         reply.ok();
     }
 

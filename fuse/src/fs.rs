@@ -149,6 +149,18 @@ enum Span {
     },
 }
 
+/// Whether an open file can be read by the kernel from a plain file: see
+/// [`DatasetFs::backing_file`].
+#[derive(Debug)]
+pub enum Backing {
+    /// Never: the index, or a file of `samples/` (a part of a shard).
+    Never,
+    /// A whole shard, but not now (still downloading, or the source keeps no such file).
+    NotNow,
+    /// This file holds exactly the open file's bytes, complete.
+    File(std::fs::File),
+}
+
 /// An open file's shard bytes, with its span's base offset and length in them.
 type OpenData = (Arc<dyn ShardData>, u64, u64);
 
@@ -877,34 +889,34 @@ impl DatasetFs {
         Ok(Some(d))
     }
 
-    /// A plain file holding exactly the bytes of open file `fh`, for the kernel to read directly
-    /// (FUSE passthrough): for a whole shard of `shards/`, its decompressed file in the node
-    /// cache, fetched first if needed and pinned until `fh` is released. `None` for the index
-    /// and for `samples/` files (parts of a shard), and when the source keeps no such file.
-    pub fn backing_file(&self, fh: u64) -> Result<Option<std::fs::File>> {
+    /// Whether the kernel can read open file `fh` directly from a plain file (FUSE
+    /// passthrough): for a whole shard of `shards/` its decompressed file in the node cache once
+    /// complete (the shard is fetched first if needed, and stays pinned until `fh` is
+    /// released); never for the index and `samples/` files (parts of a shard).
+    pub fn backing_file(&self, fh: u64) -> Result<Backing> {
         let file = self.open_file(fh)?;
         if !matches!(file.span, Span::Shard { .. }) {
-            return Ok(None);
+            return Ok(Backing::Never);
         }
         let Some((data, base, len)) = self.open_data(&file)? else {
-            return Ok(None);
+            return Ok(Backing::Never);
         };
         let Some(path) = data.path() else {
-            return Ok(None);
+            return Ok(Backing::NotNow);
         };
         // The file must be the span exactly: a byte more or less would show through.
         if base != 0 || data.len() != len {
-            return Ok(None);
+            return Ok(Backing::NotNow);
         }
         match std::fs::File::open(path) {
-            Ok(f) if f.metadata().is_ok_and(|m| m.len() == len) => Ok(Some(f)),
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() == len) => Ok(Backing::File(f)),
             Ok(_) => {
                 tracing::warn!(path = %path.display(), "cached shard file changed size; reading through the daemon");
-                Ok(None)
+                Ok(Backing::NotNow)
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cannot open the cached shard file; reading through the daemon");
-                Ok(None)
+                Ok(Backing::NotNow)
             }
         }
     }

@@ -320,6 +320,39 @@ fn an_outage_gives_eio_after_bounded_retries_and_reads_work_again() {
     let _ = &fx.rt;
 }
 
+/// Waits (bounded) until the daemon has heard every close: it hears them a moment after
+/// `close` returns, and a file's mode is chosen again only once all its opens are closed.
+fn wait_all_closed(fx: &Fixture) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fx.stats().open_files() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} files still open",
+            fx.stats().open_files()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Opens `path` until an open of it is a passthrough one (bounded): a shard counts as cached
+/// once its download is committed, a moment after its last byte is readable.
+fn wait_passthrough(fx: &Fixture, path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        wait_all_closed(fx);
+        let before = fx.stats().passthrough_opens();
+        drop(File::open(path).unwrap());
+        if fx.stats().passthrough_opens() > before {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never opened in passthrough",
+            path.display()
+        );
+    }
+}
+
 /// Reads `path` whole and at random offsets, checking every byte against `want`.
 fn check_file(path: &Path, want: &[u8], seed: u64) {
     assert_eq!(&std::fs::read(path).unwrap(), want, "{}", path.display());
@@ -349,8 +382,11 @@ fn a_cached_shard_is_read_by_the_kernel_through_passthrough() {
             i as u64,
         );
     }
-    // Second pass: every shard is cached whole, so every open is a passthrough one and the
-    // daemon sees no read at all.
+    // Second pass: every shard is cached whole and every file of the first pass closed, so
+    // every open is a passthrough one and the daemon sees no read at all.
+    for info in &shards {
+        wait_passthrough(&fx, &mnt.join("shards").join(&info.raw_data.basename));
+    }
     let opens = fx.stats().passthrough_opens();
     let reads = fx.stats().daemon_reads();
     for (i, (info, raw)) in shards.iter().zip(&fx.source.raw).enumerate() {
@@ -410,4 +446,38 @@ fn with_passthrough_off_every_read_goes_through_the_daemon() {
     assert_eq!(fx.stats().passthrough_opens(), 0);
     assert!(fx.stats().daemon_reads() > 0);
     assert_eq!(walk(&mnt.join("samples")), fx.source.files);
+}
+
+/// Regression: a shard opened while it downloads is read through the daemon; a second open of
+/// it once complete, with the first still open, must not ask for passthrough (the kernel keeps
+/// one mode per open file and answers such an open with EIO).
+#[test]
+fn a_shard_open_during_its_download_keeps_the_daemon_mode_until_closed() {
+    let mut fx = Fixture::start(40, 256 << 10);
+    let mnt = fx.mount(FsConfig {
+        max_readahead_shards: 0,
+        ..FsConfig::default()
+    });
+    assert!(fx.stats().passthrough());
+    let info = fx.source.index.shards[0].clone();
+    let raw = fx.source.raw[0].clone();
+    let path = mnt.join("shards").join(&info.raw_data.basename);
+    // A slow link: the shard's download outlasts the open, which returns once the header is in.
+    fx.proxy.set_bandwidth(128 << 10);
+    let first = File::open(&path).unwrap();
+    let opens = fx.stats().passthrough_opens();
+    assert_eq!(opens, 0, "opened in passthrough before its download ended");
+    let mut got = vec![0u8; raw.len()];
+    first.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, raw);
+    fx.proxy.set_bandwidth(0);
+    // Complete now, but `first` is still open: the daemon mode holds, and the open succeeds.
+    check_file(&path, &raw, 1);
+    assert_eq!(fx.stats().passthrough_opens(), 0);
+    drop(first);
+    // Every open closed: a later open is a passthrough one, with the same bytes.
+    wait_passthrough(&fx, &path);
+    let reads = fx.stats().daemon_reads();
+    check_file(&path, &raw, 2);
+    assert_eq!(fx.stats().daemon_reads(), reads);
 }
