@@ -1,7 +1,7 @@
 //! `shardstream mount` as a real process with a real FUSE mount: the background daemon and its
 //! ready file, SIGTERM, EROFS for every change, an ImageFolder tree walked through the mount as
 //! torchvision's ImageFolder walks it, `kill -9` then `fusermount3 -u` and a new mount served
-//! from the existing cache with the server gone, and peak RSS and cache usage within the
+//! from the existing cache with the server gone (with and without FUSE passthrough), and peak RSS and cache usage within the
 //! budgets while 8 readers read shards sequentially.
 // The helpers are part of the tests: a failed set-up step panics with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -373,13 +373,20 @@ fn after_kill_9_fusermount_unmounts_and_a_new_mount_serves_from_the_cache() {
     );
     assert!(!is_mounted(&mnt));
 
-    // A new mount on the same cache; then the server goes away, and every byte still reads.
+    // A new mount on the same cache, and one more beside it with `--no-passthrough` (every
+    // read through the daemon); then the server goes away, and every byte still reads in both.
     let mut second = Daemon::start(url, &mnt, &cache, &[], &env);
+    let mnt2 = dir.path().join("mnt2");
+    let mut third = Daemon::start(url, &mnt2, &cache, &["--no-passthrough"], &env);
     drop(s3.server.take());
-    assert_eq!(tree_bytes(&mnt.join("samples")), want);
-    assert_eq!(tree_bytes(&mnt.join("shards")), shards_before);
+    for m in [&mnt, &mnt2] {
+        assert_eq!(tree_bytes(&m.join("samples")), want);
+        assert_eq!(tree_bytes(&m.join("shards")), shards_before);
+    }
     assert!(second.stop());
+    assert!(third.stop());
     assert!(!is_mounted(&mnt));
+    assert!(!is_mounted(&mnt2));
     let _ = &s3.runtime;
 }
 
@@ -511,7 +518,7 @@ fn budgets_hold_with_8_concurrent_sequential_readers() {
     let threads = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .clamp(2, 16) as u64;
-    let fetches = threads + shardstream_fuse::readahead::WORKERS as u64;
+    let fetches = threads + shardstream_fuse::readahead::MAX_WORKERS as u64;
     let max_shard = shards
         .iter()
         .map(|p| std::fs::metadata(p).unwrap().len())
