@@ -272,7 +272,7 @@ impl NativeDataset {
         let ds = Arc::clone(&self.ds);
         let parsed = interruptible(py, move || -> PyResult<ParsedSample> {
             let raw = ds.sample(index as u64).map_err(from_streamer)?;
-            parse_raw(&decoder, &raw, &ds).map_err(from_format)
+            parse_raw(&decoder, raw, &ds).map_err(from_format)
         })??;
         self.decoder.to_python(py, parsed)
     }
@@ -420,7 +420,7 @@ impl NativeDataset {
                             if raw {
                                 Ok(Item::Raw(s.sample))
                             } else {
-                                parse_raw(&reader_decoder, &s.sample, &reader_ds)
+                                parse_raw(&reader_decoder, s.sample, &reader_ds)
                                     .map(Item::Parsed)
                                     .map_err(|e| from_streamer(e.into()))
                             }
@@ -509,13 +509,15 @@ fn interruptible<T: Send + 'static>(
 /// Parses a sample's columns; errors name its shard file (URL or path).
 fn parse_raw(
     decoder: &Decoder,
-    raw: &RawSample,
+    raw: RawSample,
     ds: &StreamingDataset,
 ) -> Result<ParsedSample, FormatError> {
-    let name = ds
-        .shard_name(raw.shard())
-        .map_or_else(|| format!("shard {}", raw.shard()), str::to_string);
-    parse_sample(decoder.encodings(), decoder.names(), raw, &name)
+    let shard = raw.shard();
+    let name = || {
+        ds.shard_name(shard)
+            .map_or_else(|| format!("shard {shard}"), str::to_string)
+    };
+    parse_sample(decoder.encodings(), decoder.names(), raw, name)
 }
 
 enum Item {
@@ -590,7 +592,7 @@ impl NativeStream {
             match item {
                 Item::Parsed(p) => list.append(self.decoder.to_python(py, p)?)?,
                 Item::Raw(raw) => {
-                    let parsed = parse_raw(&self.decoder, &raw, &self.ds).map_err(from_format)?;
+                    let parsed = parse_raw(&self.decoder, raw, &self.ds).map_err(from_format)?;
                     list.append(self.decoder.to_python(py, parsed)?)?
                 }
             }

@@ -40,18 +40,19 @@ pub struct ParsedSample {
 
 /// Parses one sample's columns (in `encodings` order). `bytes`, `json` and `pkl` columns are
 /// kept as stored: only Python's own `json.loads` / `pickle.loads` give Mosaic's objects, and
-/// bytes need no work. `path` names the sample's shard in errors.
+/// bytes need no work. `path` names the sample's shard in errors (called only on an error: a
+/// sample on the hot path allocates no name).
 pub fn parse_sample(
     encodings: &[Encoding],
     names: &[String],
-    raw: &RawSample,
-    path: &str,
+    raw: RawSample,
+    path: impl Fn() -> String,
 ) -> Result<ParsedSample, FormatError> {
     let sample = raw.index_in_shard();
     let columns = raw.columns();
     if columns.len() != encodings.len() {
         return Err(FormatError::corrupt(
-            path,
+            path(),
             format!(
                 "sample {sample}: {} columns, the index declares {}",
                 columns.len(),
@@ -67,7 +68,7 @@ pub fn parse_sample(
                 FormatError::Decode {
                     encoding, reason, ..
                 } => FormatError::Decode {
-                    path: path.to_string(),
+                    path: path(),
                     sample,
                     column: name.clone(),
                     encoding,
@@ -78,9 +79,10 @@ pub fn parse_sample(
         };
         values.push(value);
     }
+    drop(columns);
     Ok(ParsedSample {
         columns: values,
-        raw: raw.clone(),
+        raw,
     })
 }
 
@@ -175,7 +177,16 @@ impl Decoder {
     ) -> PyResult<Bound<'py, PyDict>> {
         let imports = imports(py)?;
         let dict = PyDict::new(py);
-        let stored = sample.raw.columns();
+        // Column slices are needed only for the columns kept as stored.
+        let stored = if sample
+            .columns
+            .iter()
+            .any(|c| matches!(c, Column::Stored(_)))
+        {
+            sample.raw.columns()
+        } else {
+            Vec::new()
+        };
         for ((name, enc), column) in self
             .py_names
             .iter()
