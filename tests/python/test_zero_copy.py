@@ -118,3 +118,19 @@ def test_iter_batches_var_columns_are_buffers(padded, stream_env):
         assert [int(v) for v in batch["x"]] == [3 * i for i in got]
         ids.extend(got)
     assert ids == list(range(N))
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_iter_batches_through_a_dataloader_with_workers(padded, stream_env, ctx):
+    """`iter_batches` is an IterableDataset: 2 workers split the epoch, every sample once, and
+    the Buffers reach the main process intact."""
+    ds = shardstream.StreamingDataset(local=str(padded), batch_size=8)
+    batches = ds.iter_batches(8)
+    assert isinstance(batches, torch.utils.data.IterableDataset)
+    loader = DataLoader(batches, batch_size=None, num_workers=2, multiprocessing_context=ctx)
+    ids: list[int] = []
+    for batch in loader:
+        got = [int(i) for i in batch["id"]]
+        assert batch["pad"].tolist() == [pad_of(i) for i in got]
+        ids.extend(got)
+    assert sorted(ids) == list(range(N))

@@ -384,17 +384,22 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def iter_batches(
         self, batch_size: int, columns: Sequence[str] | None = None
-    ) -> Iterator[dict[str, Any]]:
+    ) -> ColumnBatches:
         """Batches of columns without a Python object per sample: fixed-size numeric columns
         (`int`, `uint8`..`float64`, `ndarray:DTYPE:SHAPE`) as numpy arrays of shape
         `(n, *shape)`, every other column as a `VarColumn` (one buffer and offsets). Splits
-        the epoch over ranks and DataLoader workers like `__iter__` (use
-        `DataLoader(ds_batches, batch_size=None)`)."""
+        the epoch over ranks and DataLoader workers like `__iter__`. The result is itself an
+        `IterableDataset`: `DataLoader(ds.iter_batches(64), batch_size=None, num_workers=2)`."""
+        return ColumnBatches(self, int(batch_size), list(columns) if columns else None)
+
+    def _column_batches(
+        self, batch_size: int, columns: list[str] | None
+    ) -> Iterator[dict[str, Any]]:
         encodings = self.columns
-        stream, _ = self._stream(int(batch_size), raw=True)
+        stream, _ = self._stream(batch_size, raw=True)
         try:
             while True:
-                count, cols = stream.next_columns(int(batch_size), list(columns) if columns else None)
+                count, cols = stream.next_columns(batch_size, columns)
                 if count == 0:
                     break
                 out: dict[str, Any] = {}
@@ -409,6 +414,21 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 yield out
         finally:
             stream.close()
+
+
+class ColumnBatches(_Base):  # type: ignore[misc,valid-type]
+    """What `StreamingDataset.iter_batches` returns: an iterable (and, with torch, an
+    `IterableDataset`) of column batches. Each `iter()` streams this process's (or DataLoader
+    worker's) share of the dataset's current epoch; give it to a DataLoader with
+    `batch_size=None` so that the batches are not collated again."""
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int, columns: list[str] | None) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.columns = columns
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.dataset._column_batches(self.batch_size, self.columns)
 
 
 def open(url: str, **kwargs: Any) -> StreamingDataset:  # noqa: A001 - mirrors builtins.open on purpose
