@@ -1,7 +1,7 @@
 //! Time to first sample against a real moto S3 server: the first samples of a shard are served
-//! while the rest of it is still on its way. A gate in front of the server holds every ranged
-//! GET of the shard past its first part; the first samples must arrive while those requests are
-//! held (a condition, not a timing), and after the gate opens every sample must be the source's.
+//! while the rest of it is still on its way. A gate in front of the server stalls the shard's
+//! GET body after its first 2 MiB; the first samples must arrive while the body is stalled (a
+//! condition, not a timing), and after the gate opens every sample must be the source's.
 //! With `validate_hash` on, nothing is served before the whole shard is checked.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
@@ -28,7 +28,7 @@ fn config(cache: &Path, validate_hash: bool) -> StreamingConfig {
         cache_root: Some(cache.to_path_buf()),
         run_id: Some("run".into()),
         node_rank: Some(0),
-        // 1 MiB ranged GETs after the small first one.
+        // Download buffers of 1 MiB.
         memory_limit: Some(4 << 20),
         validate_hash,
         ..StreamingConfig::default()
@@ -49,8 +49,8 @@ fn in_order() -> StreamPlan {
     }
 }
 
-/// A dataset of one 8 MiB shard (1000 samples of 8 KiB) behind a gate that holds every GET of
-/// the shard starting at or past `from`.
+/// A dataset of one 8 MiB shard (1000 samples of 8 KiB) behind a gate that stalls the shard's
+/// GET bodies at byte `from`.
 struct Stalled {
     _data: tempfile::TempDir,
     cache: tempfile::TempDir,
@@ -118,8 +118,8 @@ fn consume(ds: StreamingDataset) -> mpsc::Receiver<StreamedSample> {
 
 #[test]
 fn first_samples_arrive_while_the_rest_of_the_shard_is_stalled() {
-    // Everything past the first 2 MiB is held: the small first range and the first 1 MiB
-    // chunks pass, which hold the header, the offset table and about 250 samples.
+    // Everything past the first 2 MiB is held back: the header, the offset table and about 250
+    // samples get through.
     let s = stalled(2 << 20, false);
     let ds = s.open(false);
     let rx = consume(ds.clone());
@@ -131,8 +131,8 @@ fn first_samples_arrive_while_the_rest_of_the_shard_is_stalled() {
             .expect("a first sample was not served while the rest of its shard was stalled");
         got.push(item);
     }
-    // The shard is incomplete right now: its later ranges are held at the gate, none has been
-    // let through, and no shard has been committed to the cache.
+    // The shard is incomplete right now: its body is stalled at the gate, and no shard has
+    // been committed to the cache.
     s.wait_held();
     assert_eq!(s.gate.counts().released, 0);
     assert_eq!(
@@ -189,7 +189,7 @@ fn with_validate_hash_nothing_is_served_before_the_shard_is_checked() {
     let ds = s.open(true);
     let rx = consume(ds.clone());
     s.wait_held();
-    // The held requests keep the shard incomplete, so its hash cannot have been checked: no
+    // The stalled body keeps the shard incomplete, so its hash cannot have been checked: no
     // sample may have been served.
     assert!(
         rx.try_recv().is_err(),

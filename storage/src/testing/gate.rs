@@ -1,24 +1,29 @@
-//! [`GateStore`]: holds the ranged GETs of one object that start at or past an offset until the
-//! test opens the gate — a server that stalls after the first part of a large object.
+//! [`GateStore`]: a server that stalls after the first part of a large object. GETs of the
+//! object deliver its bytes up to an offset, then stop (mid-body, the connection open) until
+//! the test opens the gate.
 
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::stream::BoxStream;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetRange, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use tokio::sync::watch;
+
+use super::counting::map_body;
 
 /// What the gate has seen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GateCounts {
-    /// Requests held (so far, in all).
+    /// GET bodies stalled at the offset (so far, in all).
     pub held: usize,
-    /// Held requests let through after the gate opened.
+    /// Stalled bodies let go on after the gate opened.
     pub released: usize,
 }
 
@@ -28,9 +33,10 @@ struct Gate {
     counts: watch::Sender<GateCounts>,
 }
 
-/// Holds GETs of objects whose path contains `needle` when their range starts at or past
-/// `from` bytes (a GET without a range counts as starting at 0), until [`GateStore::open`].
-/// Everything else passes through at once.
+/// Stalls the body of every GET of an object whose path contains `needle` at byte `from` of
+/// the object, until [`GateStore::open`]: the bytes before `from` are delivered, the rest wait
+/// (a GET whose range starts at or past `from` delivers nothing until then). Everything else
+/// passes through at once.
 #[derive(Debug, Clone)]
 pub struct GateStore {
     inner: Arc<dyn ObjectStore>,
@@ -63,22 +69,63 @@ impl GateStore {
         *self.gate.counts.borrow()
     }
 
-    /// Waits until at least `n` requests have been held.
+    /// Waits until at least `n` GET bodies have been stalled.
     pub async fn wait_held(&self, n: usize) {
         let mut rx = self.gate.counts.subscribe();
         // The sender lives in `self`, so this ends only when the condition holds.
         let _ = rx.wait_for(|c| c.held >= n).await;
     }
 
-    fn holds(&self, location: &Path, options: &GetOptions) -> bool {
-        let start = match &options.range {
-            None => 0,
-            Some(GetRange::Bounded(r)) => r.start,
-            Some(GetRange::Offset(o)) => *o,
-            // A suffix range's start depends on the object's size; treat it as past `from`.
-            Some(GetRange::Suffix(_)) => u64::MAX,
+    fn applies(&self, location: &Path, options: &GetOptions) -> bool {
+        !options.head && location.as_ref().contains(&self.needle)
+    }
+}
+
+/// One GET body going through the gate.
+struct Body {
+    inner: BoxStream<'static, object_store::Result<Bytes>>,
+    /// Object offset of the next byte.
+    pos: u64,
+    /// Bytes past the gate's offset, held back from a frame that straddled it.
+    rest: Option<Bytes>,
+    from: u64,
+    gate: Arc<Gate>,
+}
+
+/// Waits for the gate to open, counting the stall.
+async fn stall(gate: &Gate) {
+    let mut open = gate.open.subscribe();
+    if *open.borrow() {
+        return;
+    }
+    gate.counts.send_modify(|c| c.held += 1);
+    let _ = open.wait_for(|o| *o).await;
+    gate.counts.send_modify(|c| c.released += 1);
+}
+
+impl Body {
+    async fn next(mut self) -> Option<(object_store::Result<Bytes>, Body)> {
+        if let Some(rest) = self.rest.take() {
+            stall(&self.gate).await;
+            return Some((Ok(rest), self));
+        }
+        let frame = match self.inner.next().await? {
+            Ok(frame) => frame,
+            Err(e) => return Some((Err(e), self)),
         };
-        !options.head && start >= self.from && location.as_ref().contains(&self.needle)
+        let (start, end) = (self.pos, self.pos + frame.len() as u64);
+        self.pos = end;
+        let open = *self.gate.open.borrow();
+        if open || end <= self.from {
+            return Some((Ok(frame), self));
+        }
+        if start >= self.from {
+            stall(&self.gate).await;
+            return Some((Ok(frame), self));
+        }
+        let mut before = frame;
+        self.rest = Some(before.split_off((self.from - start) as usize));
+        Some((Ok(before), self))
     }
 }
 
@@ -112,13 +159,22 @@ impl ObjectStore for GateStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let mut open = self.gate.open.subscribe();
-        if self.holds(location, &options) && !*open.borrow() {
-            self.gate.counts.send_modify(|c| c.held += 1);
-            let _ = open.wait_for(|o| *o).await;
-            self.gate.counts.send_modify(|c| c.released += 1);
+        let applies = self.applies(location, &options);
+        let result = self.inner.get_opts(location, options).await?;
+        if !applies {
+            return Ok(result);
         }
-        self.inner.get_opts(location, options).await
+        let (pos, from, gate) = (result.range.start, self.from, Arc::clone(&self.gate));
+        Ok(map_body(result, move |inner| {
+            let body = Body {
+                inner,
+                pos,
+                rest: None,
+                from,
+                gate,
+            };
+            futures::stream::unfold(body, Body::next).boxed()
+        }))
     }
 
     fn delete_stream(

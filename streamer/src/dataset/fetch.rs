@@ -1,17 +1,23 @@
-//! Downloads one stored shard file into the cache's temp file: ranged GETs under the memory
-//! budget, issued front to back, with the complete prefix published as it grows, and transient
-//! failures retried inside one bounded window ([`Outage`]).
+//! Downloads one stored shard file into the cache's temp file: a few streamed GETs under the
+//! memory budget, written as their bytes arrive, with the complete prefix published as it
+//! grows, and transient failures retried inside one bounded window ([`Outage`]).
 //!
-//! - The first range is small ([`FIRST_RANGE_BYTES`]) so that the header, the offset table and
-//!   the first samples come back after one round trip; the rest go in chunks of
-//!   `Inner::chunk_bytes`, `concurrency` at a time. Each chunk takes its size from the memory
-//!   budget before its request is sent (in order: the budget's semaphore is fair) and gives it
-//!   back once its bytes are written (`pwrite`) at their offset.
+//! - A shard of up to [`PART_BYTES`] is one GET; a larger one is split into parts of at most
+//!   that size, `concurrency` at a time, front to back. Each GET's body is consumed as a
+//!   stream: its frames are gathered into a buffer of at most [`WRITE_BYTES`] (its share of the
+//!   memory budget, taken before the request is sent) and written with `pwrite` at their
+//!   offset. So a request's size is not its memory: few, large requests (fewer round trips,
+//!   and much cheaper for servers that answer a range by reading the whole object) cost one
+//!   buffer each, and the header and first samples are on disk one round trip after the
+//!   request, long before the part ends.
+//! - A GET that fails after it delivered some bytes is resumed from the first byte not yet
+//!   written, never restarted.
 //! - Retries: `object_store` retries inside each request (its `retry_timeout` is clamped to the
-//!   window when the streamer opens the location); this module retries a failed range while
-//!   the outage, counted from the start of the first failed attempt since the last success, is
-//!   shorter than the window. Callers share one [`Outage`] per shard, so the levels do not
-//!   multiply: an outage ends in an error after about one window.
+//!   window when the streamer opens the location); this module retries a failed GET while the
+//!   outage, counted from the last byte received (or the start of the first failed attempt)
+//!   since the last success, is shorter than the window. Callers share one [`Outage`] per
+//!   shard, so the levels do not multiply: an outage ends in an error after about one window,
+//!   and a slow but progressing download is never cut.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -19,8 +25,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use shardstream_storage::Location;
+use futures::{StreamExt, TryStreamExt};
+use shardstream_storage::object_store::{GetOptions, GetRange};
+use shardstream_storage::{Location, StorageError};
 use tracing::warn;
 
 use super::growing::Publisher;
@@ -28,8 +35,12 @@ use super::metrics::Metrics;
 use super::Inner;
 use crate::error::{Result, StreamerError};
 
-/// Size of a shard's first ranged GET: small, so it comes back after about one round trip.
-pub const FIRST_RANGE_BYTES: u64 = 256 << 10;
+/// Largest part of a shard one GET asks for: shards up to this size come in one request.
+pub const PART_BYTES: u64 = 64 << 20;
+/// Most bytes one GET gathers before writing them (its share of the memory budget).
+pub const WRITE_BYTES: u64 = 1 << 20;
+/// Bytes after which a GET writes for the first time.
+const FIRST_WRITE_BYTES: u64 = 64 << 10;
 
 /// The failures of one shard's fetch, and how long they may go on.
 #[derive(Debug)]
@@ -74,24 +85,50 @@ impl Outage {
     }
 }
 
-/// The byte ranges of a file of `size` bytes: a small first one, then `chunk`-sized ones.
-pub(crate) fn ranges(size: u64, chunk: u64) -> Vec<(u64, u64)> {
-    let chunk = chunk.max(1);
-    let first = FIRST_RANGE_BYTES.min(chunk).min(size);
-    let mut out = Vec::with_capacity((size / chunk + 2) as usize);
-    if first > 0 {
-        out.push((0, first));
+/// The parts of a file of `size` bytes: as few as [`PART_BYTES`] allows, of even size.
+pub(crate) fn parts(size: u64) -> Vec<(u64, u64)> {
+    let n = size.div_ceil(PART_BYTES);
+    if n == 0 {
+        return Vec::new();
     }
-    let mut lo = first;
-    while lo < size {
-        let hi = (lo + chunk).min(size);
-        out.push((lo, hi));
-        lo = hi;
-    }
-    out
+    let part = size.div_ceil(n);
+    (0..n)
+        .map(|i| (i * part, ((i + 1) * part).min(size)))
+        .filter(|(lo, hi)| lo < hi)
+        .collect()
 }
 
-/// Writes `rel` (of `size` bytes) to `dest` with parallel ranged GETs under the memory budget,
+/// How far each part has been written, and so the complete prefix of the file.
+struct Written {
+    parts: Vec<(u64, u64)>,
+    at: Mutex<Vec<u64>>,
+}
+
+impl Written {
+    fn new(parts: Vec<(u64, u64)>) -> Written {
+        let at = Mutex::new(parts.iter().map(|p| p.0).collect());
+        Written { parts, at }
+    }
+
+    /// Part `i` is written up to `to`; returns the complete prefix (parts are written front to
+    /// back, so a part's written bytes are contiguous from its start).
+    fn wrote(&self, i: usize, to: u64) -> u64 {
+        let Ok(mut at) = self.at.lock() else {
+            return 0;
+        };
+        if let Some(a) = at.get_mut(i) {
+            *a = to;
+        }
+        for (&(_, hi), &a) in self.parts.iter().zip(at.iter()) {
+            if a < hi {
+                return a;
+            }
+        }
+        self.parts.last().map_or(0, |p| p.1)
+    }
+}
+
+/// Writes `rel` (of `size` bytes) to `dest` with streamed GETs under the memory budget,
 /// advancing `progress` (if given) as the complete prefix grows.
 pub(crate) async fn download(
     ds: &Arc<Inner>,
@@ -112,85 +149,146 @@ pub(crate) async fn download(
         .open(dest)
         .map_err(|e| io("open download", e))?;
     file.set_len(size).map_err(|e| io("size download", e))?;
-    let file = Arc::new(file);
-    let ranges = ranges(size, ds.chunk_bytes);
+    let part = Part {
+        ds,
+        location,
+        rel,
+        file: Arc::new(file),
+        dest,
+        written: Written::new(parts(size)),
+        progress,
+        outage,
+    };
     let concurrency = location.options().concurrency.max(1);
-    let mut done = vec![false; ranges.len()];
-    let mut prefix = 0usize;
-    let mut results = futures::stream::iter(ranges.iter().copied().enumerate())
-        .map(|(i, (lo, hi))| {
-            let (ds, file, rel) = (Arc::clone(ds), Arc::clone(&file), rel.to_string());
-            let (location, outage) = (location.clone(), Arc::clone(outage));
-            let dest = dest.to_path_buf();
-            async move {
-                let what = || format!("a {}-byte chunk of {rel}", hi - lo);
-                let lease = ds.budget.acquire_fetch(&what, hi - lo).await?;
-                let bytes = get_range(&location, &rel, lo..hi, &ds.metrics, &outage).await?;
-                if bytes.len() as u64 != hi - lo {
-                    return Err(StreamerError::Corrupt {
-                        what: location.url_of(&rel),
-                        reason: format!(
-                            "range {lo}..{hi} returned {} bytes; the object is shorter than the index says",
-                            bytes.len()
-                        ),
-                    });
-                }
-                Metrics::add(&ds.metrics.fetch_bytes, bytes.len() as u64);
-                super::engine::blocking(move || {
-                    file.write_all_at(&bytes, lo).map_err(|source| StreamerError::Io {
-                        op: "write download",
-                        path: dest,
-                        source,
-                    })?;
-                    drop(lease);
-                    Ok(i)
-                })
-                .await
-            }
-        })
-        .buffer_unordered(concurrency);
-    while let Some(result) = results.next().await {
-        let i = result?;
-        if let Some(d) = done.get_mut(i) {
-            *d = true;
-        }
-        while done.get(prefix).copied().unwrap_or(false) {
-            prefix += 1;
-        }
-        if let (Some(p), Some(&(_, hi))) =
-            (progress, prefix.checked_sub(1).and_then(|j| ranges.get(j)))
-        {
-            p.advance(hi);
-        }
-    }
+    let ranges = part.written.parts.clone();
+    futures::stream::iter(ranges.into_iter().enumerate())
+        .map(|(i, range)| part.fetch(i, range))
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
     Ok(())
 }
 
-/// One ranged GET, retried through transient failures while `outage` allows.
-async fn get_range(
-    location: &Location,
-    rel: &str,
-    range: std::ops::Range<u64>,
-    metrics: &Metrics,
-    outage: &Outage,
-) -> Result<bytes::Bytes> {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        Metrics::add(&metrics.fetch_requests, 1);
-        let attempt = Instant::now();
-        match location.get_range(rel, range.clone()).await {
-            Ok(bytes) => {
-                outage.succeeded();
-                return Ok(bytes);
+/// What every part of one download shares.
+struct Part<'a> {
+    ds: &'a Arc<Inner>,
+    location: &'a Location,
+    rel: &'a str,
+    file: Arc<File>,
+    dest: &'a Path,
+    written: Written,
+    progress: Option<&'a Publisher>,
+    outage: &'a Arc<Outage>,
+}
+
+impl Part<'_> {
+    /// Streams part `i` (`lo..hi`) into the file, resuming after transient failures.
+    async fn fetch(&self, i: usize, (lo, hi): (u64, u64)) -> Result<()> {
+        let ds = self.ds;
+        let url = || self.location.url_of(self.rel);
+        let cap = WRITE_BYTES.min(ds.chunk_bytes).min(hi - lo).max(1);
+        let what = || format!("a {cap}-byte download buffer of {}", self.rel);
+        let _lease = ds.budget.acquire_fetch(&what, cap).await?;
+        let path = self.location.path(self.rel)?;
+        let mut buf: Vec<u8> = Vec::with_capacity(cap as usize);
+        let mut at = lo;
+        // The first write of a part comes early, so that a shard's header and first samples
+        // are readable one round trip after the request.
+        let mut flush_at = FIRST_WRITE_BYTES.min(cap) as usize;
+        let mut backoff = Duration::from_millis(200);
+        while at < hi {
+            Metrics::add(&ds.metrics.fetch_requests, 1);
+            let mut last = Instant::now();
+            let backend = |e| StreamerError::from(StorageError::from_backend(url(), e));
+            let result: Result<()> = async {
+                let options = GetOptions {
+                    range: Some(GetRange::Bounded(at..hi)),
+                    ..GetOptions::default()
+                };
+                let body = self.location.store().get_opts(&path, options).await;
+                let mut body = body.map_err(backend)?.into_stream();
+                let mut first = true;
+                while let Some(frame) = body.next().await {
+                    let frame = frame.map_err(backend)?;
+                    last = Instant::now();
+                    if first {
+                        self.outage.succeeded();
+                        first = false;
+                    }
+                    let mut rest = &frame[..];
+                    while !rest.is_empty() {
+                        let take = rest.len().min(cap as usize - buf.len());
+                        let (now, later) = rest.split_at(take);
+                        buf.extend_from_slice(now);
+                        rest = later;
+                        if buf.len() >= flush_at {
+                            (buf, at) = self.write(i, std::mem::take(&mut buf), at, hi).await?;
+                            flush_at = cap as usize;
+                        }
+                    }
+                }
+                if !buf.is_empty() {
+                    (buf, at) = self.write(i, std::mem::take(&mut buf), at, hi).await?;
+                }
+                Ok(())
             }
-            Err(e) if e.is_transient() && outage.may_retry(attempt) => {
-                warn!(url = %location.url_of(rel), error = %e, "ranged GET failed; retrying");
-                Metrics::add(&metrics.fetch_retries, 1);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+            .await;
+            match result {
+                Ok(()) if at < hi => {
+                    return Err(StreamerError::Corrupt {
+                        what: url(),
+                        reason: format!(
+                            "range {lo}..{hi} ended at {at}; the object is shorter than the \
+                             index says"
+                        ),
+                    });
+                }
+                Ok(()) => {}
+                Err(e) if e.is_transient() && self.outage.may_retry(last) => {
+                    // Bytes gathered but not written are fetched again with the rest.
+                    buf.clear();
+                    warn!(url = %url(), error = %e, resume_at = at, "GET failed; resuming");
+                    Metrics::add(&ds.metrics.fetch_retries, 1);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e.into()),
         }
+        Ok(())
+    }
+
+    /// Writes `buf` at `at` of part `i` (which ends at `hi`); returns the emptied buffer and
+    /// the new position.
+    async fn write(&self, i: usize, buf: Vec<u8>, at: u64, hi: u64) -> Result<(Vec<u8>, u64)> {
+        let len = buf.len() as u64;
+        if at + len > hi {
+            return Err(StreamerError::Corrupt {
+                what: self.location.url_of(self.rel),
+                reason: format!(
+                    "a GET of bytes up to {hi} returned bytes up to {}",
+                    at + len
+                ),
+            });
+        }
+        let (file, dest) = (Arc::clone(&self.file), self.dest.to_path_buf());
+        let mut buf = super::engine::blocking(move || {
+            file.write_all_at(&buf, at)
+                .map_err(|source| StreamerError::Io {
+                    op: "write download",
+                    path: dest,
+                    source,
+                })?;
+            Ok(buf)
+        })
+        .await?;
+        buf.clear();
+        Metrics::add(&self.ds.metrics.fetch_bytes, len);
+        let prefix = self.written.wrote(i, at + len);
+        if let Some(p) = self.progress {
+            p.advance(prefix);
+        }
+        Ok((buf, at + len))
     }
 }
 
@@ -199,15 +297,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_first_range_is_small_and_ranges_tile_the_file() {
-        let r = ranges(20 << 20, 8 << 20);
-        assert_eq!(r[0], (0, FIRST_RANGE_BYTES));
-        assert_eq!(r[1], (FIRST_RANGE_BYTES, FIRST_RANGE_BYTES + (8 << 20)));
-        assert_eq!(r.last().map(|x| x.1), Some(20 << 20));
-        assert!(r.windows(2).all(|w| w[0].1 == w[1].0));
-        assert_eq!(ranges(100, 8 << 20), vec![(0, 100)]);
-        assert_eq!(ranges(0, 8), Vec::<(u64, u64)>::new());
-        assert_eq!(ranges(10, 4), vec![(0, 4), (4, 8), (8, 10)]);
+    fn shards_come_in_few_even_parts_and_the_prefix_follows_them() {
+        assert_eq!(parts(0), Vec::<(u64, u64)>::new());
+        assert_eq!(parts(100), vec![(0, 100)]);
+        assert_eq!(parts(PART_BYTES), vec![(0, PART_BYTES)]);
+        let p = parts(3 * PART_BYTES - 7);
+        assert_eq!(p.len(), 3);
+        assert!(p.windows(2).all(|w| w[0].1 == w[1].0));
+        assert_eq!(p.last().map(|x| x.1), Some(3 * PART_BYTES - 7));
+
+        let w = Written::new(vec![(0, 10), (10, 20), (20, 30)]);
+        assert_eq!(w.wrote(1, 15), 0); // the first part has nothing yet
+        assert_eq!(w.wrote(0, 4), 4);
+        assert_eq!(w.wrote(0, 10), 15);
+        assert_eq!(w.wrote(2, 30), 15);
+        assert_eq!(w.wrote(1, 20), 30);
     }
 
     #[test]

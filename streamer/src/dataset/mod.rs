@@ -57,7 +57,7 @@ use crate::cache::{node_dir, CacheConfig, ExpectedHash, LocalSources, VerifyMode
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
-pub use fetch::FIRST_RANGE_BYTES;
+pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{SampleStream, StreamPlan, StreamedSample};

@@ -30,8 +30,10 @@ use crate::order::{EpochOrder, OrderConfig, Partition, Rank, World};
 
 /// Largest run of consecutive samples read at once.
 pub const RUN_BYTES: u64 = 1 << 20;
-/// Most shard fetches one stream runs at once.
-const MAX_FETCHES: usize = 4;
+/// Most shard fetches one stream starts ahead at once (each streams its shard in as few GETs
+/// as `fetch::PART_BYTES` allows, so this is most of the stream's parallelism; the memory
+/// budget and the disk allowance bound it further).
+const MAX_FETCHES: usize = 8;
 
 /// What to stream: the order's settings, the epoch, the world and this rank, and where to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,7 +341,14 @@ impl SampleStream {
         // A shard still downloading: wait for this sample's bytes before taking any budget
         // (the download needs budget to make progress), and read no further than what is
         // there, so the sample is served as soon as it has arrived.
-        h.wait_for(first.end)?;
+        if !h.is_complete() {
+            let started = Instant::now();
+            h.wait_for(first.end)?;
+            Metrics::add(
+                &self.ds.metrics.stall_nanos,
+                started.elapsed().as_nanos() as u64,
+            );
+        }
         let readable = h.readable();
         let mut last = i + 1;
         if sequential {
