@@ -11,11 +11,14 @@ One run, one local S3 server (moto, counting bytes, on a free 127.0.0.1 port; be
   3. shardstream mount, cold (empty cache): sequential 1 MiB reads of every file under `shards/`;
      warm (same mount again: kernel page cache kept by FOPEN_KEEP_CACHE); warm after a remount (the
      kernel's cache of the mount is gone, the node cache on disk is not); and the same files read
-     directly from the node cache folder (the ceiling the warm figures are compared with);
+     directly from the node cache folder (the ceiling the warm figures are compared with). By
+     default cached shards are read by the kernel itself (FUSE passthrough); the same warm figures
+     with `--no-passthrough` (every read through the daemon) follow;
   4. with --peers (needs `rclone` and `s3fs`): rclone mount (--vfs-cache-mode full) and s3fs
      (use_cache) on the same raw shard objects, cold and warm;
   5. metadata: a JSONL dataset of `--meta-samples` records mounted, `ls -lR samples/` (readdir +
-     stat of every sample file), cold (first listing) and warm (second).
+     stat of every sample file), cold (first listing) and warm (second); the number of files seen
+     must equal the index's samples x columns.
 Prints a table and, with --json, writes the figures. Every figure is measured here; none is assumed.
 """
 
@@ -119,6 +122,20 @@ def walk_stat(root: Path) -> dict:
     return {"s": time.perf_counter() - t0, "files": files}
 
 
+def cached_shards(cache: Path, count: int, min_size: int) -> list[Path]:
+    """The node cache's shard files, once all `count` are committed (a shard's temp file under
+    `tmp/` is renamed into place when its download ends, which may trail the last read a little)."""
+    deadline = time.monotonic() + 60
+    while True:
+        found = sorted(p for p in cache.rglob("*")
+                       if p.is_file() and "tmp" not in p.relative_to(cache).parts and p.stat().st_size >= min_size)
+        if len(found) == count:
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(found)} committed shard files in {cache}, expected {count}")
+        time.sleep(0.1)
+
+
 def median(runs: list[tuple[int, float]]) -> dict:
     runs = sorted(runs, key=lambda r: r[1])
     n, s = runs[len(runs) // 2]
@@ -155,8 +172,9 @@ def main() -> None:
         sh([args.bin, "--no-progress", "shard", str(src), "s3://fusebench/big", "--compression", "none",
             "--shard-size", f"{args.shard_mib}MiB"], env=env)
         shutil.rmtree(src)
-        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="fusebench", Prefix="big/")["Contents"]
-                      if o["Key"].endswith(".mds"))
+        # The shard objects, as the dataset's index names them (uncompressed: raw_data is the object).
+        index = json.loads(client.get_object(Bucket="fusebench", Key="big/index.json")["Body"].read())
+        keys = [f"big/{s['raw_data']['basename']}" for s in index["shards"]]
 
         # 2. Raw GET ceiling.
         n, s = raw_get(client, "fusebench", keys)
@@ -172,8 +190,7 @@ def main() -> None:
             n, s = read_files(files)
             sent = server.counters()["bytes_sent"] - c0
             results["shardstream mount, cold"] = {"bytes": n, "s": s, "server_bytes": sent}
-            cached = sorted(p for p in cache.rglob("*")
-                            if p.is_file() and p.stat().st_size >= (args.shard_mib - 1) * MIB)
+            cached = cached_shards(cache, len(keys), (args.shard_mib - 1) * MIB)
             read_files(cached)  # in the page cache, as the mount's pages are after the cold read
             # Warm figures: median of --runs, the mount and the cache files read in turn, so that
             # load from other processes hits both alike.
@@ -187,6 +204,18 @@ def main() -> None:
         with Mounted(cmd, env, mnt, ready):
             n, s = read_files(files)
             results["shardstream mount, warm after remount (node cache)"] = {"bytes": n, "s": s}
+        ready.unlink(missing_ok=True)
+        # The fallback path (no FUSE passthrough: every read through the daemon, the mount's own
+        # page cache kept across opens), on the same node cache.
+        with Mounted(cmd + ["--no-passthrough"], env, mnt, ready):
+            n, s = read_files(files)
+            results["shardstream mount --no-passthrough, after remount (node cache)"] = {"bytes": n, "s": s}
+            mount_runs, direct_runs = [], []
+            for _ in range(args.runs):
+                mount_runs.append(read_files(files))
+                direct_runs.append(read_files(cached))
+            results["shardstream mount --no-passthrough, warm (page cache kept)"] = median(mount_runs)
+            results["cached files read directly (ceiling, beside --no-passthrough)"] = median(direct_runs)
         ready.unlink(missing_ok=True)
 
         # 4. Peers on the same objects.
@@ -215,10 +244,16 @@ def main() -> None:
         mmnt, mready = work / "mnt-meta", work / "ready-meta"
         mcmd = [args.bin, "--no-progress", "mount", "s3://fusebench/meta", str(mmnt), "--foreground",
                 "--cache-root", str(work / "cache-meta"), "--ready-file", str(mready)]
+        meta_index = json.loads(client.get_object(Bucket="fusebench", Key="meta/index.json")["Body"].read())
+        # One file per sample and column, as the index counts them.
+        meta_files = sum(s["samples"] * len(s["column_names"]) for s in meta_index["shards"])
         with Mounted(mcmd, env, mmnt, mready):
             for temp in ("cold", "warm"):
-                results[f"ls -lR samples/, {temp}"] = ls_lr(mmnt / "samples")
-                results[f"os.walk + stat samples/, {temp}"] = walk_stat(mmnt / "samples")
+                for name, fn in (("ls -lR samples/", ls_lr), ("os.walk + stat samples/", walk_stat)):
+                    r = fn(mmnt / "samples")
+                    if r["files"] != meta_files:
+                        raise RuntimeError(f"{name} saw {r['files']} files, the index lists {meta_files}")
+                    results[f"{name}, {temp}"] = r
         # The same listing of a local folder of as many files: what `ls` itself costs here.
         local = work / "local-files"
         local.mkdir()
