@@ -3,7 +3,9 @@
 Each mount runs in the foreground in its own process group; a reader child reads every file under
 the mount point (1 MiB reads, in path order) and reports files, bytes and time. Cold: a fresh mount
 with an empty cache. Warm: the same mount read again (its page cache and disk cache filled).
-Check: the files and sizes seen equal the objects under the prefix, and every byte was read.
+Check: the files and sizes seen equal what the dataset's index.json lists (for shardstream's
+`shards/`: index.json and every shard decompressed, `raw_data`; for the peers, which show the stored
+objects: index.json and every stored shard, `zip_data` when compressed), and every byte was read.
 
 Run as a script (`python fusebench.py MOUNTPOINT`) it is the reader.
 """
@@ -50,8 +52,21 @@ class Mount:
         # to its `samples/` view).
         self.system, self.kind, self.subdir = name, kind, subdir
 
+    def expected(self, index_json: bytes) -> dict:
+        """Relative path -> size of every file this system should show, from the dataset's index."""
+        index = json.loads(index_json)
+        listing = {"index.json": len(index_json)}
+        for shard in index["shards"]:
+            # shardstream's shards/ serves every shard decompressed; the peers serve the objects.
+            stored = shard["raw_data"] if self.kind == "shardstream" else (shard.get("zip_data") or shard["raw_data"])
+            listing[stored["basename"]] = stored["bytes"]
+        return listing
+
     def command(self, ctx, prefix: str, mnt: Path, cache: Path) -> tuple[list[str], dict]:
-        env = dict(ctx.server.env)
+        # The caller's environment (PATH, HOME) with the server's; never AWS_CA_BUNDLE: set on
+        # some machines, it makes rclone refuse the plain-HTTP endpoint of the local server.
+        env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+        env.update(ctx.server.env)
         if self.system == "shardstream mount":
             return [str(ctx.shardstream_bin), "--no-progress", "mount", f"s3://bench/{prefix}", str(mnt), "--cache-root",
                     str(cache), "--foreground"], {**env, "SHARDSTREAM_RUN_ID": "bench"}
@@ -139,8 +154,8 @@ def run_all(ctx, log, profiles) -> tuple[list[Row], list[Skip]]:
         for p in profiles:
             prefix = f"mds/{p.name}"
             s3 = ctx.server.client()
-            objs = s3.list_objects_v2(Bucket="bench", Prefix=prefix + "/").get("Contents", [])
-            expected = {o["Key"][len(prefix) + 1:]: o["Size"] for o in objs}
+            index_json = s3.get_object(Bucket="bench", Key=f"{prefix}/index.json")["Body"].read()
+            expected = m.expected(index_json)
             stored = sum(expected.values())
             base = ctx.work / "scratch" / f"fuse-{m.system.split()[0]}"
             mnt, cache = base / "mnt", base / "cache"
