@@ -21,7 +21,10 @@ cost from 10^4 to 10^8 samples.
    shards), and a fixed 1,000 shards (10 .. 100,000 samples per shard). For each, in a fresh
    process (`streamer/examples/scale_open.rs`): open the dataset (read, parse and check
    index.json), build the shuffled epoch order, get node 0's first sample and its prefetch plan;
-   and the process's peak RSS. A second child times only the JSON parse.
+   and the process's peak RSS. A second child times only the JSON parse. Open and parse are
+   given as wall time and as CPU time: on a shared machine the wall time includes waits for a
+   core, the CPU time does not. mosaicml-streaming's StreamingDataset opens the same indexes
+   (wall time, and the RSS its open adds) unless --no-mosaic.
 
 Figures are medians of --runs runs (min and max shown). Results: tables on stdout, JSON in
 --json-out. The machine may be shared: say so next to any figure you quote.
@@ -220,6 +223,20 @@ def run_json(cmd: list[str], timeout: float) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+# Mosaic's StreamingDataset over the same index.json, in a child: open time, and the RSS the open
+# adds to the process after `import streaming` (which imports torch).
+MOSAIC_OPEN = """
+import json, resource, sys, time
+from streaming import StreamingDataset
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t = time.perf_counter()
+ds = StreamingDataset(local=sys.argv[1], shuffle=True, batch_size=1)
+open_s = time.perf_counter() - t
+print(json.dumps({"open_s": open_s, "samples": ds.num_samples, "rss_after_import_bytes": base,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
 def startup(args, work: Path, example: Path) -> dict:
     rows = []
     sweeps = [("1000 samples/shard", lambda n: (max(1, n // 1000), min(n, 1000))),
@@ -237,16 +254,25 @@ def startup(args, work: Path, example: Path) -> dict:
                 "sweep": sweep, "samples": shards * per_shard, "shards": shards,
                 "index_bytes": parsed[0]["index_bytes"],
                 "open_s": spread([o["open_s"] for o in opened]),
+                "open_cpu_s": spread([o["open_cpu_s"] for o in opened]),
                 "parse_s": spread([p["parse_s"] for p in parsed]),
+                "parse_cpu_s": spread([p["parse_cpu_s"] for p in parsed]),
                 "order_s": spread([o["order_s"] for o in opened]),
                 "first_s": spread([o["first_s"] for o in opened]),
                 "peak_rss_bytes": max(o["peak_rss_bytes"] for o in opened),
                 "parse_peak_rss_bytes": max(p["peak_rss_bytes"] for p in parsed),
                 "order_heap_bytes": opened[0]["order_heap_bytes"],
             }
+            if args.mosaic:
+                try:
+                    m = [run_json([str(PY), "-c", MOSAIC_OPEN, str(d)], args.timeout) for _ in range(args.runs)]
+                    row["mosaic_open_s"] = spread([x["open_s"] for x in m])
+                    row["mosaic_rss_added_bytes"] = max(x["peak_rss_bytes"] - x["rss_after_import_bytes"] for x in m)
+                except Exception as e:  # reported, not fatal: the peer is a comparison, not the subject
+                    row["mosaic_error"] = str(e)[-300:]
             rows.append(row)
             log(f"  {sweep:20} {row['samples']:>11} samples {shards:>7} shards: open {row['open_s']['median'] * 1e3:.1f} ms "
-                f"(parse {row['parse_s']['median'] * 1e3:.1f} ms), order {row['order_s']['median'] * 1e3:.2f} ms, "
+                f"(CPU {row['open_cpu_s']['median'] * 1e3:.1f} ms, parse CPU {row['parse_cpu_s']['median'] * 1e3:.1f} ms), order {row['order_s']['median'] * 1e3:.2f} ms, "
                 f"first {row['first_s']['median'] * 1e3:.3f} ms, peak RSS {row['peak_rss_bytes'] / 2**20:.1f} MiB")
     return {"rows": rows}
 
@@ -254,8 +280,8 @@ def startup(args, work: Path, example: Path) -> dict:
 def print_startup(res: dict) -> None:
     print("\n## Start-up: open index.json, build the shuffled epoch order, first sample of node 0 "
           "(median of runs, min–max; each size in a fresh process)\n")
-    print("| sweep | samples | shards | index.json | open | of which JSON parse | epoch order | first sample + plan | peak RSS | order heap |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| sweep | samples | shards | index.json | open (wall) | open (CPU) | JSON parse (CPU) | epoch order | first sample + plan | peak RSS | order heap |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def ms(s: dict) -> str:
         if s["max"] < 1e-3:
@@ -264,8 +290,20 @@ def print_startup(res: dict) -> None:
 
     for r in res["rows"]:
         print(f"| {r['sweep']} | {r['samples']:,} | {r['shards']:,} | {r['index_bytes'] / 1e6:.1f} MB | {ms(r['open_s'])} "
-              f"| {ms(r['parse_s'])} | {ms(r['order_s'])} | {ms(r['first_s'])} | {r['peak_rss_bytes'] / 2**20:.1f} MiB "
+              f"| {ms(r['open_cpu_s'])} | {ms(r['parse_cpu_s'])} | {ms(r['order_s'])} | {ms(r['first_s'])} | {r['peak_rss_bytes'] / 2**20:.1f} MiB "
               f"| {r['order_heap_bytes'] / 1e6:.2f} MB |")
+    mosaic = [r for r in res["rows"] if "mosaic_open_s" in r or "mosaic_error" in r]
+    if mosaic:
+        print("\nThe same index.json opened by mosaicml-streaming's StreamingDataset(local=..., shuffle=True) "
+              "(wall time; how much the open raises the peak RSS above its value after `import streaming`):\n")
+        print("| sweep | samples | shards | open (wall) | peak RSS added by open |")
+        print("|---|---:|---:|---:|---:|")
+        for r in mosaic:
+            if "mosaic_error" in r:
+                print(f"| {r['sweep']} | {r['samples']:,} | {r['shards']:,} | failed: {r['mosaic_error']} | |")
+            else:
+                print(f"| {r['sweep']} | {r['samples']:,} | {r['shards']:,} | {ms(r['mosaic_open_s'])} "
+                      f"| {r['mosaic_rss_added_bytes'] / 2**20:.1f} MiB |")
 
 
 def main() -> int:
@@ -279,6 +317,8 @@ def main() -> int:
     ap.add_argument("--lanes", default="4,12", help="comma-separated lanes settings to run")
     ap.add_argument("--seed", type=int, default=9176)
     ap.add_argument("--sizes", default="1e4,1e6,1e8", help="sample counts of the start-up indexes")
+    ap.add_argument("--no-mosaic", dest="mosaic", action="store_false",
+                    help="skip opening the start-up indexes with mosaicml-streaming")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600, help="bound on one child process, seconds")
     ap.add_argument("--work", default=str(REPO / ".bench-work" / "streamer-scale"))

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Prints one JSON object: `open_s` (read + parse + check `index.json` and build the dataset),
-//! `order_s` (the shuffled epoch order), `first_s` (node 0's first sample and its prefetch plan
+//! `open_cpu_s` (the CPU time of that, which waits for a core on a shared machine do not
+//! inflate), `order_s` (the shuffled epoch order), `first_s` (node 0's first sample and its prefetch plan
 //! for 1,000 samples), and `peak_rss_bytes` / `rss_after_*_bytes` from `/proc/self/status`.
 //! With `--parse-only` it times only reading and parsing `index.json` (`Index::from_json`), which
 //! splits the open time into JSON work and the rest.
@@ -75,6 +76,23 @@ fn status_bytes(field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time of every thread of this process so far, in seconds (`/proc/self/task/*/schedstat`,
+/// nanoseconds on a CPU). Wall time on a shared machine counts the waits for a core; this does not.
+fn cpu_s() -> f64 {
+    // The kernel adds a running thread's time to schedstat when it next schedules; a yield makes
+    // that happen now, so short spans are not read as zero.
+    std::thread::yield_now();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
 fn main() -> Res<()> {
     let args = parse_args()?;
     let index_path = args.dir.join("index.json");
@@ -82,14 +100,17 @@ fn main() -> Res<()> {
         let t = Instant::now();
         let bytes = std::fs::read(&index_path)?;
         let read_s = t.elapsed().as_secs_f64();
+        let cpu = cpu_s();
         let index = Index::from_json(&index_path.display().to_string(), &bytes)?;
         let parse_s = t.elapsed().as_secs_f64() - read_s;
+        let parse_cpu_s = cpu_s() - cpu;
         let out = serde_json::json!({
             "index_bytes": bytes.len(),
             "shards": index.shards.len(),
             "samples": index.num_samples(),
             "read_s": read_s,
             "parse_s": parse_s,
+            "parse_cpu_s": parse_cpu_s,
             "peak_rss_bytes": status_bytes("VmHWM:"),
         });
         println!("{out}");
@@ -100,12 +121,14 @@ fn main() -> Res<()> {
     // An explicit cache folder: open() only works out the path, and nothing is fetched here.
     let cache = std::env::temp_dir().join("shardstream-scale-open-cache");
     let t = Instant::now();
+    let cpu = cpu_s();
     let ds = StreamingDataset::open(StreamingConfig {
         remote: args.dir.display().to_string(),
         local: Some(cache),
         ..StreamingConfig::default()
     })?;
     let open_s = t.elapsed().as_secs_f64();
+    let open_cpu_s = cpu_s() - cpu;
     let rss_open = status_bytes("VmRSS:");
 
     let config = OrderConfig {
@@ -137,6 +160,7 @@ fn main() -> Res<()> {
         "shards": ds.num_shards(),
         "samples": ds.num_samples(),
         "open_s": open_s,
+        "open_cpu_s": open_cpu_s,
         "order_s": order_s,
         "first_s": first_s,
         "first_sample": first.sample.sample,
