@@ -4,7 +4,8 @@
 //! - [`CheckpointStore`]: one checkpoint root (`begin_save`, `rank_writer`, `commit`, `open`,
 //!   `latest`, `list`, `verify`);
 //! - [`RankFileWriter`]: one data file of one rank, streamed into the checkpoint crate's
-//!   bounded, parallel, checksumming uploader (items are handed over without a copy);
+//!   bounded, parallel, checksumming uploader (torch.save's output is read from its own
+//!   buffer and copied once, into the part buffer, with the GIL released);
 //! - [`CheckpointFiles`]: ranged, checked reads of a committed checkpoint, or of a plain DCP
 //!   directory written by torch's own `FileSystemWriter` (no manifest, so nothing to check).
 //!
@@ -17,9 +18,9 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use shardstream_checkpoint::checksum::{crc32c, crc32c_combine};
 use shardstream_checkpoint::fetch::{cut, read_pieces, ReadTarget};
@@ -365,6 +366,19 @@ pub struct RankFileWriter {
     item_crc: Mutex<u32>,
 }
 
+/// The bytes of a contiguous Python buffer, readable without the GIL while `buf` lives.
+#[allow(unsafe_code)]
+fn buffer_bytes(buf: &PyBuffer<u8>) -> &[u8] {
+    if buf.len_bytes() == 0 {
+        return &[];
+    }
+    // SAFETY: `buf` holds a buffer export of its object, which keeps the memory valid and in
+    // place until the `PyBuffer` is dropped, and the slice borrows `buf`; the caller checked
+    // that it is C-contiguous, so the `len_bytes()` bytes from `buf_ptr()` are all of it. The
+    // exporter here is torch.save's output or a bytes object, neither written during the call.
+    unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) }
+}
+
 impl RankFileWriter {
     fn take(&self) -> PyResult<FileWriter> {
         self.inner
@@ -390,21 +404,32 @@ impl RankFileWriter {
 
 #[pymethods]
 impl RankFileWriter {
-    /// Appends `data` (any bytes object; held, not copied, until its part is uploaded) and
-    /// returns its CRC32C. Blocks only while the upload's memory budget is full; Ctrl-C while
-    /// it blocks raises `KeyboardInterrupt` and aborts the file's multipart upload.
-    fn write(&self, py: Python<'_>, data: PyBackedBytes) -> PyResult<u32> {
+    /// Appends `data` (any contiguous buffer: bytes, a memoryview of torch.save's output) and
+    /// returns its CRC32C. The bytes are copied once, into the part buffer, with the GIL
+    /// released. Blocks only while the upload's memory budget is full; Ctrl-C while it blocks
+    /// raises `KeyboardInterrupt` and aborts the file's multipart upload.
+    fn write(&self, py: Python<'_>, data: PyBuffer<u8>) -> PyResult<u32> {
+        if !data.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "checkpoint file {}: write() needs a contiguous buffer",
+                self.name
+            )));
+        }
         let w = self.take()?;
         let rt = runtime()?;
-        let len = data.len() as u64;
-        let (w, res) = py.detach(move || {
-            let crc = crc32c(&data);
-            rt.block_on(async move {
+        let len = data.len_bytes() as u64;
+        let (w, data, res) = py.detach(move || {
+            let bytes = buffer_bytes(&data);
+            let crc = crc32c(bytes);
+            let (w, res) = rt.block_on(async move {
                 let mut w = w;
-                let res = interruptible(w.write_bytes(Bytes::from_owner(data))).await;
+                let res = interruptible(w.write(bytes)).await;
                 (w, res.map(|()| crc))
-            })
+            });
+            (w, data, res)
         });
+        // Released with the GIL held (a `PyBuffer` would otherwise take it to drop).
+        drop(data);
         match res {
             Ok(crc) => {
                 self.put_back(w)?;

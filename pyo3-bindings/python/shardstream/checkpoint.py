@@ -57,14 +57,15 @@ _METADATA = ".metadata"
 #: Bytes fetched per batch during a load (two batches are held at once: one being fetched
 #: while the previous one is decoded).
 _READ_BATCH_BYTES = 128 << 20
-#: Largest piece ``torch.save`` output is copied in on its way to the uploader.
+#: Largest piece of ``torch.save`` output handed to the uploader in one call.
 _SAVE_CHUNK = 16 << 20
 
 
 class _ItemSink:
     """The file object ``torch.save`` writes an item into: its output goes to the native
     uploader in pieces of at most ``_SAVE_CHUNK`` bytes, so a tensor is never serialised into
-    one big in-memory buffer (memory stays within the upload budget plus one piece)."""
+    one big in-memory buffer, and is not copied on the Python side (memory stays within the
+    upload budget)."""
 
     def __init__(self, file) -> None:
         self.file = file
@@ -77,7 +78,8 @@ class _ItemSink:
         view = memoryview(data).cast("B")
         try:
             for start in range(0, len(view), _SAVE_CHUNK):
-                self.file.write(view[start : start + _SAVE_CHUNK].tobytes())
+                # A view, not a copy: the native side copies it once into the part buffer.
+                self.file.write(view[start : start + _SAVE_CHUNK])
         except BaseException as e:
             self.error = e
             raise
