@@ -343,7 +343,9 @@ impl StreamingDataset {
     }
 
     /// Shard `shard`, fetched once per node through the cache and decompressed; pinned (never
-    /// evicted) while the handle lives. Blocking.
+    /// evicted) while the handle lives. Blocking. When this process downloads it and no hash is
+    /// to be checked, the handle comes back once the header and offset table are on disk, and
+    /// its reads wait for the bytes they need ([`ShardHandle::is_complete`]).
     pub fn shard(&self, shard: usize) -> Result<ShardHandle> {
         let ps = self.proc()?;
         let fut = engine::open_shard(Arc::clone(&self.inner), Arc::clone(&ps), shard);

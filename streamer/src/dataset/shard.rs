@@ -3,7 +3,9 @@
 //! A shard is never loaded whole: the handle keeps the file open and its offset table (4 bytes
 //! per sample), and reads samples with positioned reads (`pread`), so a 1 GiB shard costs a
 //! file descriptor and its table, not 1 GiB of RAM. The handle holds the cache lease, which pins
-//! the file on the node while any clone of the handle lives.
+//! the file on the node while any clone of the handle lives. A handle on a shard this process is
+//! still downloading reads its temp file, each read waiting for its bytes (`growing`), and takes
+//! over the lease when the download commits.
 
 use std::fs::File;
 use std::ops::Range;
