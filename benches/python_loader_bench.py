@@ -10,7 +10,11 @@ Every measurement runs in a fresh process (so RSS and caches start equal); the p
 the RSS of the child's whole tree (DataLoader workers included) every 10 ms. Datasets: 10 KB
 samples and 100 B samples, read from a local folder (warm page cache; shardstream reads in
 place, Mosaic reads its local copy). Configurations: DataLoader num_workers 0 and 2 with
-per-sample dicts, plus shardstream's batch path (`iter_batches`) for the 100 B set.
+per-sample dicts, plus shardstream's batch path (`iter_batches`, the same worker counts; with
+workers it runs as `DataLoader(ds.iter_batches(n), batch_size=None, collate_fn=lambda b: b)`,
+so that numpy columns are not turned into tensors one shared-memory segment each).
+`--sets 1MB` adds 1 MB samples (not in the default run); `--modes iter,iter-zero-copy` measures
+plain iteration without a DataLoader, with `bytes` values and with `zero_copy=True` buffers.
 """
 
 from __future__ import annotations
@@ -36,22 +40,35 @@ else:
 t0 = time.perf_counter()
 if lib == "shardstream":
     import shardstream
-    ds = shardstream.StreamingDataset(local=path, batch_size=batch)
+    extra = {"zero_copy": True} if mode == "iter-zero-copy" else {}
+    ds = shardstream.StreamingDataset(local=path, batch_size=batch, **extra)
 else:
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
     clean_stale_shared_memory()
     ds = StreamingDataset(local=path, batch_size=batch, shuffle=False)
 n, first, t1 = 0, None, None
-batches = (ds.iter_batches(batch, columns=["id", "x"]) if mode == "batches" else
-           DataLoader(ds, batch_size=batch, num_workers=workers,
-                      multiprocessing_context="fork" if workers else None))
+if mode == "batches":
+    # The batch path; the 100 B set reads its numeric columns, the others every column.
+    cols = ["id", "x"] if os.path.basename(path) == "100B" else None
+    batches = ds.iter_batches(batch, columns=cols)
+    if workers:  # the batch path through DataLoader workers: batches cross as they are made
+        batches = DataLoader(batches, batch_size=None, num_workers=workers,
+                             multiprocessing_context="fork", collate_fn=lambda b: b)
+elif mode.startswith("iter"):
+    # Plain iteration of the dataset (no DataLoader): each sample counts as a batch of one,
+    # after a view of its `pad` column (what a consumer does first with bytes or a buffer).
+    batches = ([s["id"]] if memoryview(s["pad"]).nbytes else [] for s in ds)
+else:
+    batches = DataLoader(ds, batch_size=batch, num_workers=workers,
+                         multiprocessing_context="fork" if workers else None)
 for b in batches:
+    ids = b if mode.startswith("iter") else b["id"]
     if first is None:
         t1 = time.perf_counter()
         first = t1 - t0
     else:
-        n += len(b["id"])
+        n += len(ids)
 elapsed = time.perf_counter() - t1
 print(json.dumps({"samples": n, "seconds": elapsed, "first": first}))
 """
@@ -118,10 +135,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="where to write the datasets")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--quick", action="store_true", help="smaller datasets")
+    ap.add_argument("--sets", default="10KB,100B",
+                    help="comma-separated datasets to measure (of 10KB, 100B, 1MB)")
+    ap.add_argument("--libs", default="mosaicml-streaming,shardstream",
+                    help="comma-separated libraries to measure")
+    ap.add_argument("--workers", default="0,2", help="comma-separated DataLoader num_workers")
+    ap.add_argument("--no-batches", action="store_true", help="skip the batch path")
+    ap.add_argument("--modes", default="samples",
+                    help="comma-separated per-sample modes: samples (DataLoader), iter, iter-zero-copy")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ss-bench-"))
     scale = 4 if args.quick else 1
-    sets = {"10KB": (20_000 // scale, 10_000, 64), "100B": (400_000 // scale, 100, 256)}
+    # name: (samples, bytes of the `pad` column, batch size)
+    all_sets = {"10KB": (20_000 // scale, 10_000, 64), "100B": (400_000 // scale, 100, 256),
+                "1MB": (2_000 // scale, 1_000_000, 8)}
+    sets = {name: all_sets[name] for name in args.sets.split(",")}
+    libs = args.libs.split(",")
+    worker_counts = [int(w) for w in args.workers.split(",")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("SHARDSTREAM_RUN_ID", f"bench-{os.getpid()}")
     env.setdefault("SHARDSTREAM_CACHE_ROOT", str(out / "cache"))
@@ -130,21 +160,25 @@ def main() -> None:
         path = out / name
         if not (path / "index.json").exists():
             write(path, n, size)
-        for lib in ("mosaicml-streaming", "shardstream"):
-            for workers in (0, 2):
-                r = measure(lib, path, workers, batch, "samples", env)
+        for mode in args.modes.split(","):
+            for lib in libs:
+                if mode == "iter-zero-copy" and lib != "shardstream":
+                    continue
+                for workers in worker_counts if mode == "samples" else [0]:
+                    r = measure(lib, path, workers, batch, mode, env)
+                    r["dataset"] = name
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+        if "shardstream" in libs and not args.no_batches:
+            for workers in worker_counts:
+                r = measure("shardstream", path, workers, batch, "batches", env)
                 r["dataset"] = name
                 results.append(r)
                 print(json.dumps(r), flush=True)
-        if name == "100B":
-            r = measure("shardstream", path, 0, batch, "batches", env)
-            r["dataset"] = name
-            results.append(r)
-            print(json.dumps(r), flush=True)
     print()
-    print(f"{'dataset':8} {'library':20} {'mode':8} {'workers':>7} {'samples/s':>10} {'first (s)':>9} {'peak RSS MiB':>12}")
+    print(f"{'dataset':8} {'library':20} {'mode':14} {'workers':>7} {'samples/s':>10} {'first (s)':>9} {'peak RSS MiB':>12}")
     for r in results:
-        print(f"{r['dataset']:8} {r['lib']:20} {r['mode']:8} {r['workers']:>7} {r['samples_per_s']:>10} "
+        print(f"{r['dataset']:8} {r['lib']:20} {r['mode']:14} {r['workers']:>7} {r['samples_per_s']:>10} "
               f"{r['first']:>9.2f} {r['peak_rss_mib']:>12}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
