@@ -219,6 +219,25 @@ impl SampleStream {
 
     /// Plans the next `lookahead` items: releases shards no longer needed, starts fetches.
     fn plan(&mut self, current: u32) -> Result<()> {
+        // At a cold start the lookahead is short; widen it at once (a few doublings) while the
+        // plan fits and fetch slots are free, so that the first shards all start together
+        // instead of one more per replan.
+        for _ in 0..8 {
+            let grew = self.plan_once(current)?;
+            let pending = self
+                .slots
+                .values()
+                .filter(|s| matches!(s, Slot::Pending(_)))
+                .count();
+            if !grew || pending >= MAX_FETCHES {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One planning pass; returns whether the lookahead grew (the plan fitted with room).
+    fn plan_once(&mut self, current: u32) -> Result<bool> {
         let end = self.next.saturating_add(self.lookahead).min(self.len);
         let needs = self
             .order
@@ -253,13 +272,14 @@ impl SampleStream {
             self.spawn_fetch(need.shard)?;
         }
         // Look further ahead next time while the plan is well inside the disk allowance.
-        if fits && planned < self.prefetch_bytes / 2 && end < self.len {
+        let grow = fits && planned < self.prefetch_bytes / 2 && end < self.len;
+        if grow {
             self.lookahead = self.lookahead.saturating_mul(2);
         } else if !fits && self.lookahead > 1 {
             self.lookahead /= 2;
         }
         self.replan_at = self.next + (self.lookahead / 4).max(1);
-        Ok(())
+        Ok(grow)
     }
 
     fn handle(&mut self, shard: u32) -> Result<ShardHandle> {
