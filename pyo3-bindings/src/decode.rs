@@ -32,10 +32,11 @@ enum Column {
 }
 
 /// A sample's columns, checked and parsed, ready to become Python objects. Holds the sample
-/// (a shared read buffer, no copy) for the columns kept as stored.
+/// (a shared read buffer, no copy) only when a column is kept as stored: otherwise its read is
+/// let go at once, so that the engine can reuse it.
 pub struct ParsedSample {
     columns: Vec<Column>,
-    raw: RawSample,
+    raw: Option<RawSample>,
 }
 
 /// Parses one sample's columns (in `encodings` order). `bytes`, `json` and `pkl` columns are
@@ -80,9 +81,10 @@ pub fn parse_sample(
         values.push(value);
     }
     drop(columns);
+    let keep = values.iter().any(|c| matches!(c, Column::Stored(_)));
     Ok(ParsedSample {
         columns: values,
-        raw,
+        raw: keep.then_some(raw),
     })
 }
 
@@ -178,15 +180,11 @@ impl Decoder {
         let imports = imports(py)?;
         let dict = PyDict::new(py);
         // Column slices are needed only for the columns kept as stored.
-        let stored = if sample
-            .columns
-            .iter()
-            .any(|c| matches!(c, Column::Stored(_)))
-        {
-            sample.raw.columns()
-        } else {
-            Vec::new()
-        };
+        let stored = sample
+            .raw
+            .as_ref()
+            .map(RawSample::columns)
+            .unwrap_or_default();
         for ((name, enc), column) in self
             .py_names
             .iter()
@@ -198,7 +196,10 @@ impl Decoder {
                 Column::Stored(i) => {
                     let data = stored.get(i).copied().unwrap_or(&[]);
                     match enc {
-                        Encoding::Bytes if self.zero_copy => Buffer::column(&sample.raw, i)
+                        Encoding::Bytes if self.zero_copy => sample
+                            .raw
+                            .as_ref()
+                            .and_then(|raw| Buffer::column(raw, i))
                             .unwrap_or_else(|| Buffer::new(bytes::Bytes::new()))
                             .into_pyobject(py)?
                             .into_any(),
