@@ -117,3 +117,27 @@ def test_stream_arguments_are_checked(two, stream_env):
             shardstream.Stream(local=str(two / "a"), proportion=1.0),
             shardstream.Stream(local=str(two / "b"), choose=3),
         ])
+
+
+def test_remote_streams_through_the_cache(two, stream_env, moto, monkeypatch):
+    """Streams on the local S3 server, cached in the run's node cache: DataLoader workers (which
+    open their own storage clients) stream the same mix as local streams do."""
+    import boto3
+
+    for k, v in moto.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = moto.create_bucket("two-streams")
+    s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id="testing",
+                      aws_secret_access_key="testing", region_name="us-east-1")
+    for name in "ab":
+        for f in (two / name).iterdir():
+            s3.upload_file(str(f), bucket[len("s3://"):], f"{name}/{f.name}")
+    weights = [{"repeat": 0.5}, {"choose": 50}]
+    streams = [shardstream.Stream(remote=f"{bucket}/{n}", **w) for n, w in zip("ab", weights)]
+    ds = shardstream.StreamingDataset(streams=streams, shuffle=True, shuffle_seed=5, batch_size=BATCH)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=2, multiprocessing_context="fork",
+                        collate_fn=lambda batch: batch)
+    remote = [(s["src"], int(s["id"])) for batch in loader for s in batch]
+    assert remote == _ours(two, weights), "remote streams gave another mix than local ones"
+    cached = [p for p in __import__("pathlib").Path(ds.cache_dir).rglob("*") if p.is_file()]
+    assert cached, "the remote streams' shards were not cached in the run's node cache"
