@@ -63,9 +63,14 @@ pub async fn read_pieces(
         let crc = crc32c(&b);
         return Ok((b, vec![crc]));
     }
-    let file = match target.local {
-        Some(p) => Some(Arc::new(open_local(target.path, p).await?)),
-        None => None,
+    let (file, concurrency) = match target.local {
+        // A local read is a page-cache copy, bound by CPU rather than latency: more threads
+        // than cores would only take turns (and take them from the caller decoding the bytes).
+        Some(p) => (
+            Some(Arc::new(open_local(target.path, p).await?)),
+            concurrency.min(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        ),
+        None => (None, concurrency),
     };
     // `zeroed` is calloc: fresh pages come zeroed from the kernel, so this is not a memset.
     let mut buf = BytesMut::zeroed(total);
