@@ -45,9 +45,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def moto_exe() -> str:
+    """The moto server of this venv (as the tests and benches/run.py use), not whatever
+    `moto_server` comes first on PATH: a global moto 5.2.1 there answers multipart uploads
+    without the ETag header that s3torchconnector's client requires, which made this script
+    report s3torchconnector as failing while benches/run.py (venv moto) measured it."""
+    for exe in (os.environ.get("SHARDSTREAM_MOTO_SERVER"), str(Path(sys.executable).parent / "moto_server")):
+        if exe and Path(exe).exists():
+            return exe
+    return shutil.which("moto_server") or "moto_server"
+
+
+def moto_version(exe: str) -> str:
+    """The moto version the server runs (read by the server's own interpreter)."""
+    try:
+        first = Path(exe).read_text(errors="replace").splitlines()[0]
+        python = first[2:].strip() if first.startswith("#!") else sys.executable
+        r = subprocess.run([python, "-c", "import moto; print(moto.__version__)"],
+                           capture_output=True, text=True, timeout=60)
+        return r.stdout.strip() or "?"
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "?"
+
+
 class Moto:
     def __init__(self) -> None:
-        exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+        exe = self.exe = moto_exe()
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
@@ -281,7 +304,8 @@ def main() -> int:
         moto.stop()
 
     print(f"state: {args.tensors} float32 tensors, {total / GB:.3f} GB; best of {args.repeat}; "
-          f"torch {torch.__version__}; {os.cpu_count()} CPUs")
+          f"torch {torch.__version__}; {os.cpu_count()} CPUs; moto {moto_version(moto.exe)} ({moto.exe}); "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'store':<12} {'what':<44} {'save GB/s':>10} {'load GB/s':>10}")
     for store, what, s, l in rows:
         cell = lambda v: f"{v:>10.3f}" if v is not None else f"{'-':>10}"  # noqa: E731
