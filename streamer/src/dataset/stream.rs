@@ -220,9 +220,15 @@ impl SampleStream {
     /// Plans the next `lookahead` items: releases shards no longer needed, starts fetches.
     fn plan(&mut self, current: u32) -> Result<()> {
         // At a cold start the lookahead is short; widen it at once (a few doublings) while the
-        // plan fits and fetch slots are free, so that the first shards all start together
-        // instead of one more per replan.
-        for _ in 0..8 {
+        // plan fits and fetch slots are free, so that the next shards all start together
+        // instead of one more per replan. Not on the very first plan: the first shard gets the
+        // link to itself until the first replan, which keeps the time to the first sample short.
+        let rounds = if self.slots.is_empty() && self.next == 0 {
+            1
+        } else {
+            8
+        };
+        for _ in 0..rounds {
             let grew = self.plan_once(current)?;
             let pending = self
                 .slots
