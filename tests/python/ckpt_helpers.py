@@ -216,18 +216,19 @@ def _writer(args, rank: int):
     class PausingWriter(StorageWriter):
         def write_data(self, plan, planner):
             if args.pause == "mid-upload" and args.pause_rank == rank:
-                orig = planner.resolve_data
-                seen = {"ballast": False}
+                from shardstream import checkpoint as ck
 
-                def resolve(item):
-                    # The ballast shard (larger than a part) was handed to the uploader just
-                    # before: its multipart upload has started and a part is in flight.
-                    if seen["ballast"]:
+                orig_write = ck._ItemSink.write
+
+                def write(sink, data):
+                    n = orig_write(sink, data)
+                    # More than a part of the ballast shard (larger than a part) is in its file:
+                    # the file's multipart upload is open and a part is in flight.
+                    if sink.file.bytes_written() > (args.part_size or 64 << 20):
                         _pause(args, "mid-upload", rank)
-                    seen["ballast"] = item.index.fqn.startswith("ballast")
-                    return orig(item)
+                    return n
 
-                planner.resolve_data = resolve
+                ck._ItemSink.write = write
             return super().write_data(plan, planner)
 
         def finish(self, metadata, results):
