@@ -382,10 +382,13 @@ class StorageWriter(_DcpWriter):
 class StorageReader(_DcpReader):
     """Loads a DCP checkpoint from ``<root>/<checkpoint-id>``.
 
-    A shardstream checkpoint is read only once committed (its manifest exists); every item is
-    fetched as one ranged GET of just its bytes and checked against its CRC32C, so a flipped
-    byte raises :class:`shardstream.HashMismatchError` naming the object. A directory written
-    by torch's ``FileSystemWriter`` (no manifest, a ``.metadata``) is read as it is, unchecked.
+    A shardstream checkpoint is read only once committed (its manifest exists). Only the items
+    asked for are fetched (touching items of one file as one span, in parallel ranged GETs, or
+    ``pread``s for a local directory, straight into one native buffer that ``torch.load`` reads
+    without a ``bytes`` copy; the next batch is fetched while the current one is decoded), and
+    every byte is checked against a CRC32C, so a flipped byte raises
+    :class:`shardstream.HashMismatchError` naming the object. A directory written by torch's
+    ``FileSystemWriter`` (no manifest, a ``.metadata``) is read as it is, unchecked.
     """
 
     def __init__(self, url: str | os.PathLike | None = None) -> None:
