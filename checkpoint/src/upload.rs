@@ -54,6 +54,8 @@ pub struct FileWriter {
     path: Path,
     rel: String,
     rank: Option<u32>,
+    /// This file's part size (the rank's, unless [`FileWriter::with_part_size`] changed it).
+    part_size: u64,
     /// The part being filled: frozen pieces, then an owned tail.
     chunks: Vec<Bytes>,
     tail: BytesMut,
@@ -70,6 +72,7 @@ pub struct FileWriter {
 impl FileWriter {
     pub(crate) fn new(up: Arc<Uploader>, path: Path, rel: String, rank: Option<u32>) -> Self {
         Self {
+            part_size: up.part_size,
             up,
             path,
             rel,
@@ -85,6 +88,26 @@ impl FileWriter {
             in_flight: JoinSet::new(),
             poisoned: false,
         }
+    }
+
+    /// Uses `part_size` for this file instead of the rank's (before anything is written):
+    /// a caller that knows a file will be a little larger than one part (a part-sized tensor
+    /// and its `torch.save` framing) lets it go up in one PUT instead of a two-part upload.
+    /// Its buffer still comes out of the rank's budget.
+    pub fn with_part_size(mut self, part_size: u64) -> Result<Self> {
+        if !(1024..=crate::config::S3_MAX_PART_SIZE).contains(&part_size) {
+            return Err(CheckpointError::InvalidConfig(format!(
+                "part_size {part_size} is outside 1 KiB..=5 GiB"
+            )));
+        }
+        if self.size > 0 {
+            return Err(CheckpointError::InvalidConfig(format!(
+                "{}: the part size is fixed once bytes are written",
+                self.path
+            )));
+        }
+        self.part_size = part_size;
+        Ok(self)
     }
 
     /// The object this writer creates.
@@ -217,7 +240,7 @@ impl FileWriter {
                 path: self.rel.clone(),
                 size: self.size,
                 crc32c: combine_parts(self.parts.iter().copied()),
-                part_size: self.up.part_size,
+                part_size: self.part_size,
                 parts: self.parts.iter().map(|(c, _)| *c).collect(),
                 rank: self.rank,
             }
@@ -246,16 +269,16 @@ impl FileWriter {
     /// known to follow, so a file of exactly one part stays a single PUT) and taking budget for
     /// a new part when none is held.
     async fn make_room(&mut self) -> Result<u64> {
-        if self.cur_len >= self.up.part_size {
+        if self.cur_len >= self.part_size {
             if let Err(e) = self.seal_part().await {
                 self.fail().await;
                 return Err(e);
             }
         }
         if self.permit.is_none() {
-            self.permit = Some(self.up.budget.acquire(self.up.part_size).await?);
+            self.permit = Some(self.up.budget.acquire(self.part_size).await?);
         }
-        Ok(self.up.part_size - self.cur_len)
+        Ok(self.part_size - self.cur_len)
     }
 
     fn take_payload(&mut self) -> PutPayload {
@@ -357,5 +380,40 @@ fn flatten(joined: Result<Result<()>, tokio::task::JoinError>, path: &Path) -> R
             path: path.clone(),
             source: object_store::Error::JoinError { source },
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{CheckpointRoot, UploadConfig};
+    use bytes::Bytes;
+    use object_store::{memory::InMemory, path::Path};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_file_part_size_keeps_a_slightly_larger_file_in_one_put() {
+        let root = CheckpointRoot::new(Arc::new(InMemory::new()), Path::from("r"));
+        let attempt = root.begin_save("step_1").await.unwrap();
+        let config = UploadConfig {
+            part_size: 1024,
+            memory_budget: 4096,
+            ..Default::default()
+        };
+        let w = root.rank_writer(&attempt, 0, &config).unwrap();
+        let data = Bytes::from(vec![7u8; 1100]);
+
+        let mut two_parts = w.create("a").unwrap();
+        two_parts.write_bytes(data.clone()).await.unwrap();
+        assert_eq!(two_parts.finish().await.unwrap().parts.len(), 2);
+
+        let mut one_put = w.create("b").unwrap().with_part_size(2048).unwrap();
+        one_put.write_bytes(data.clone()).await.unwrap();
+        let rec = one_put.finish().await.unwrap();
+        assert!(rec.parts.is_empty() && rec.size == 1100, "{rec:?}");
+
+        let mut started = w.create("c").unwrap();
+        started.write(b"x").await.unwrap();
+        assert!(started.with_part_size(2048).is_err());
+        assert!(w.create("d").unwrap().with_part_size(10).is_err());
     }
 }

@@ -180,7 +180,7 @@ impl CheckpointStore {
             memory_budget,
             max_concurrent_requests,
         )?
-        .create(name)
+        .create(name, None)
     }
 
     /// The writer of `rank`'s files in attempt `attempt` of checkpoint `id`: every file it
@@ -338,9 +338,14 @@ pub struct CheckpointRankWriter {
 
 #[pymethods]
 impl CheckpointRankWriter {
-    /// Starts file `name` (relative to the attempt directory).
-    fn create(&self, name: &str) -> PyResult<RankFileWriter> {
-        let file = self.writer.create(name).map_err(to_py)?;
+    /// Starts file `name` (relative to the attempt directory); `part_size` overrides the
+    /// rank's for this file (one a little larger than a part then goes up in one PUT).
+    #[pyo3(signature = (name, part_size=None))]
+    fn create(&self, name: &str, part_size: Option<u64>) -> PyResult<RankFileWriter> {
+        let mut file = self.writer.create(name).map_err(to_py)?;
+        if let Some(p) = part_size {
+            file = file.with_part_size(p).map_err(to_py)?;
+        }
         Ok(RankFileWriter {
             inner: Mutex::new(Some(file)),
             name: name.to_owned(),

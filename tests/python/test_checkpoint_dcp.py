@@ -211,6 +211,24 @@ def test_items_are_packed_into_files_of_about_file_size(tmp_path):
     assert verify(url)["failures"] == []
 
 
+def test_part_sized_tensor_goes_up_in_one_put(tmp_path):
+    """A tensor of exactly one part is a little more than a part with its torch.save framing:
+    its file is still one PUT (no parts in its record), not a two-part multipart upload."""
+    from shardstream._native import CheckpointStore
+
+    import json
+
+    state = {"w": torch.randn(MIB // 4)}  # 1 MiB of data
+    url = tmp_path / "step_1"
+    dcp.save(state, storage_writer=StorageWriter(url, part_size=MIB), no_dist=True)
+    files = json.loads(CheckpointStore(str(tmp_path)).open("step_1").manifest_json())["files"]
+    [data] = [f for f in files if f["path"].endswith(".distcp")]
+    assert data["size"] > MIB and "parts" not in data, data
+    loaded = {"w": torch.zeros_like(state["w"])}
+    dcp.load(loaded, storage_reader=StorageReader(url), no_dist=True)
+    assert torch.equal(loaded["w"], state["w"])
+
+
 def test_ours_loads_with_torch_filesystem_reader(tmp_path):
     state = _small_state()
     dcp.save(state, storage_writer=StorageWriter(tmp_path / "step_3"), no_dist=True)

@@ -124,8 +124,11 @@ def _cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-#: Bytes ``torch.save`` adds around a tensor's data (zip headers, pickle), for packing.
+#: Bytes ``torch.save`` adds around a tensor's data (zip headers, pickle), for packing: an
+#: upper bound (about 1.5 KiB in practice).
 _ITEM_OVERHEAD = 4096
+#: How far past the part size a file may grow and still go up in one PUT.
+_PART_SLACK = 1 << 20
 
 
 def _item_nbytes(item: WriteItem) -> int:
@@ -287,7 +290,11 @@ class StorageWriter(_DcpWriter):
             for k, items in enumerate(_pack_items(plan.items, self.files_per_rank, target)):
                 name = f"{prefix}{k}.distcp"
                 rel = f"{attempt}/{name}"
-                f = writer.create(name)
+                # A file of one part-sized tensor is a little over a part with its torch.save
+                # framing: give it room for that, so it goes up in one PUT, not two parts.
+                est = sum(_item_nbytes(i) for i in items)
+                fits = writer.part_size < est <= writer.part_size + _PART_SLACK
+                f = writer.create(name, part_size=est if fits else None)
                 offset = 0
                 # Byte items first, then tensors, as FileSystemWriter orders them.
                 for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
