@@ -36,7 +36,9 @@ impl StreamingSource {
 /// The kind of a streamer error, for its errno.
 pub fn kind_of(e: &StreamerError) -> SourceErrorKind {
     match e {
-        StreamerError::Storage(_) | StreamerError::NotFound { .. } => SourceErrorKind::Unavailable,
+        StreamerError::Storage(_)
+        | StreamerError::NotFound { .. }
+        | StreamerError::FetchFailed { .. } => SourceErrorKind::Unavailable,
         StreamerError::Corrupt { .. }
         | StreamerError::HashMismatch { .. }
         | StreamerError::Format(_) => SourceErrorKind::Corrupt,
@@ -86,5 +88,21 @@ impl DatasetSource for StreamingSource {
 
     fn readahead_budget(&self) -> Option<u64> {
         self.cache_limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_download_that_failed_after_its_retries_is_unavailable_not_invalid() {
+        // EIO-after-retries for the reader, and the mount keeps serving once the server is back.
+        let failed = StreamerError::FetchFailed {
+            what: "s3://b/shard.00000.mds".into(),
+            reason: "connection refused".into(),
+            transient: true,
+        };
+        assert_eq!(kind_of(&failed), SourceErrorKind::Unavailable);
     }
 }

@@ -129,7 +129,8 @@ pub fn from_streamer(err: shardstream_streamer::StreamerError) -> PyErr {
             HashMismatchError::new_err(msg)
         }
         E::Cache(C::LimitTooSmall { .. }) => BudgetExceededError::new_err(msg),
-        E::Cache(_) | E::Io { .. } => StorageError::new_err(msg),
+        // A download that failed after its retries, raised to the readers that waited for it.
+        E::Cache(_) | E::Io { .. } | E::FetchFailed { .. } => StorageError::new_err(msg),
         _ => ShardstreamError::new_err(msg),
     }
 }
