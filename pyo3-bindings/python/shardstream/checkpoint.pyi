@@ -16,6 +16,7 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str]: ...
 class StorageWriter(_DcpWriter):
     url: str
     files_per_rank: int
+    file_size: int | None
     step: int | None
     user_metadata: dict[str, Any]
     is_coordinator: bool
@@ -26,6 +27,7 @@ class StorageWriter(_DcpWriter):
         url: str | os.PathLike[str] | None = ...,
         *,
         files_per_rank: int = ...,
+        file_size: int | None = ...,
         part_size: int | None = ...,
         memory_budget: int | None = ...,
         max_concurrent_requests: int | None = ...,
