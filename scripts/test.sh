@@ -7,7 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-step() { printf '\n=== %s\n' "$*"; }
+step() { printf '\n=== %s (%s free on disk)\n' "$*" "$(df -h --output=avail . | tail -n 1 | tr -d ' ')"; }
+
+# CI builds once from scratch: incremental state would only take disk.
+if [ "${CI:-}" = true ]; then
+  export CARGO_INCREMENTAL=0
+fi
 
 step "system packages"
 bash scripts/setup-system.sh
