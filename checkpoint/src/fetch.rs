@@ -59,6 +59,7 @@ pub async fn read_pieces(
     })?;
     if let (None, [only]) = (target.local, pieces) {
         // One remote piece: its body is already one buffer; keep it instead of copying it.
+        add(&metrics.get_requests, 1);
         let b = get_range(target, only.clone(), metrics).await?;
         let crc = crc32c(&b);
         return Ok((b, vec![crc]));

@@ -21,8 +21,12 @@ use tracing::{info_span, Instrument};
 /// Read settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadConfig {
-    /// Largest single ranged GET; ranges are also cut at part boundaries.
+    /// Largest single ranged GET of a local file or a file without parts; ranges are also cut
+    /// at part boundaries.
     pub chunk_size: u64,
+    /// Largest part of a multipart file, or single-PUT file, in a store that is fetched with
+    /// one GET rather than in `chunk_size` pieces (0: always in pieces).
+    pub whole_part_max: u64,
     /// Ranged GETs in flight for one `read_range`.
     pub max_concurrent_requests: usize,
     /// Files checked at once by `verify`.
@@ -37,6 +41,9 @@ impl Default for ReadConfig {
             // 16 MiB: large enough for full-speed GETs, small enough that one file is read
             // by several requests (or threads, for a local directory) at once.
             chunk_size: 16 << 20,
+            // The default part size (64 MiB) and room for the slack a single-PUT file may
+            // have over it: what went up as one PUT comes back as one GET.
+            whole_part_max: 80 << 20,
             max_concurrent_requests: 16,
             max_concurrent_files: 8,
             verify_chunk_size: 16 << 20,
@@ -88,6 +95,7 @@ impl CheckpointReader {
             index: Arc::new(index),
             config: ReadConfig {
                 chunk_size: config.chunk_size.max(1),
+                whole_part_max: config.whole_part_max,
                 max_concurrent_requests: config.max_concurrent_requests.max(1),
                 max_concurrent_files: config.max_concurrent_files.max(1),
                 verify_chunk_size: config.verify_chunk_size.max(1),
@@ -187,8 +195,19 @@ impl CheckpointReader {
         } else {
             rec.part_size
         };
-        let pieces = cut(range.clone(), self.config.chunk_size, align);
         let local = self.local_file(rec);
+        // From a store, what went up as one request comes back as one GET: each part of a
+        // multipart file, or a whole single-PUT file (up to `whole_part_max`). Fewer requests
+        // keep a load inside the store's request rates, and some servers (moto) answer a
+        // ranged GET by reading the whole object, so 16 MiB ranges of a 64 MiB object cost
+        // four whole-object reads. A local file keeps `chunk_size` preads in parallel threads.
+        let unit = if align > 0 { align } else { rec.size };
+        let chunk = if local.is_none() && unit <= self.config.whole_part_max {
+            self.config.chunk_size.max(unit)
+        } else {
+            self.config.chunk_size
+        };
+        let pieces = cut(range.clone(), chunk, align);
         let target = ReadTarget {
             store: self.root.store(),
             path: &full,

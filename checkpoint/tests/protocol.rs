@@ -136,6 +136,7 @@ async fn ranged_reads_fetch_only_what_is_asked() {
                 "step_1",
                 ReadConfig {
                     chunk_size: 1000,
+                    whole_part_max: 0,
                     ..Default::default()
                 },
             )
@@ -154,11 +155,57 @@ async fn ranged_reads_fetch_only_what_is_asked() {
         assert_eq!(whole.len(), 4096);
         assert_eq!(b.metrics.snapshot().get_requests - after.get_requests, 5);
 
+        // By default a part of a file in a store comes back as one GET, as it went up.
+        let whole_parts = b
+            .root
+            .open_with(
+                "step_1",
+                ReadConfig {
+                    chunk_size: 1000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let before = b.metrics.snapshot();
+        let two_parts = whole_parts.read_range(&path, 4096..12288).await.unwrap();
+        assert_eq!(&two_parts[..4096], &whole[..]);
+        assert_eq!(b.metrics.snapshot().get_requests - before.get_requests, 2);
+
         let err = reader.read_range(&path, 0..4096 * 8 + 1).await.unwrap_err();
         assert!(matches!(err, CheckpointError::RangeOutOfBounds { size, .. } if size == 4096 * 8));
         assert!(reader.read_range(&path, 10..10).await.unwrap().is_empty());
         let err = reader.read_range("nope", 0..1).await.unwrap_err();
         assert!(matches!(err, CheckpointError::UnknownFile { .. }));
+    }
+}
+
+#[tokio::test]
+async fn a_single_put_file_comes_back_in_one_get() {
+    for b in backends() {
+        // 4000 bytes with 4096-byte parts: each file went up as one PUT.
+        save(&b.root, "step_1", 1, 4000).await;
+        for (whole_part_max, gets) in [(0, 4), (ReadConfig::default().whole_part_max, 1)] {
+            let reader = b
+                .root
+                .open_with(
+                    "step_1",
+                    ReadConfig {
+                        chunk_size: 1000,
+                        whole_part_max,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let rec = reader.manifest().files[0].clone();
+            assert!(rec.parts.is_empty(), "{}: {rec:?}", b.name);
+            let before = b.metrics.snapshot();
+            let got = reader.read_range(&rec.path, 0..rec.size).await.unwrap();
+            assert_eq!(got, data(7, 4000), "{}", b.name);
+            let after = b.metrics.snapshot();
+            assert_eq!(after.get_requests - before.get_requests, gets, "{}", b.name);
+        }
     }
 }
 

@@ -16,6 +16,7 @@ torch's ``FileSystemWriter`` loads with :class:`StorageReader`. See docs/checkpo
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import json
@@ -54,9 +55,11 @@ _RECORDS_FQN = "__shardstream_rank_records__"
 #: Manifest metadata key holding ``{relative path: [[offset, length, crc32c], ...]}``.
 _ITEM_CRCS = "dcp_item_crc32c"
 _METADATA = ".metadata"
-#: Bytes fetched per batch during a load (two batches are held at once: one being fetched
-#: while the previous one is decoded).
-_READ_BATCH_BYTES = 128 << 20
+#: Bytes a load keeps in flight (fetched or arriving) while it decodes what has arrived.
+_READ_WINDOW_BYTES = 256 << 20
+#: Bytes of one fetch unit of a load (the items of one file, cut between items): about the
+#: default part size, so that a part that went up as one PUT comes back as one GET.
+_READ_UNIT_BYTES = 64 << 20
 #: Largest piece of ``torch.save`` output handed to the uploader in one call.
 _SAVE_CHUNK = 16 << 20
 
@@ -472,20 +475,27 @@ class StorageReader(_DcpReader):
                 )
             pending.append((req, (info.relative_path, info.offset, info.length)))
 
-        def start(batch):
-            keys = list(dict.fromkeys(key for _, key in batch))
+        def start(unit):
+            keys = list(dict.fromkeys(key for _, key in unit))
             reqs = [(p, o, n, self._crcs.get((p, o, n))) for p, o, n in keys]
             return keys, files.start_read(reqs)
 
-        # The native side fetches batch k+1 (GIL released) while this thread decodes batch k,
-        # so at most two batches of bytes are held at once.
-        batches = list(_batches(pending))
-        nxt = start(batches[0]) if batches else None
-        for k, batch in enumerate(batches):
-            keys, read = nxt
+        # Up to _READ_WINDOW_BYTES of units are fetched (GIL released) while this thread decodes
+        # the oldest one as soon as it has arrived, so fetching and decoding overlap unit by
+        # unit and the bytes held stay within the window plus the unit being decoded.
+        units = list(_read_units(pending))
+        in_flight: collections.deque = collections.deque()
+        window = 0
+        nxt = 0
+        while nxt < len(units) or in_flight:
+            while nxt < len(units) and (not in_flight or window + _unit_bytes(units[nxt]) <= _READ_WINDOW_BYTES):
+                in_flight.append((units[nxt], start(units[nxt])))
+                window += _unit_bytes(units[nxt])
+                nxt += 1
+            unit, (keys, read) = in_flight.popleft()
             got = dict(zip(keys, read.wait()))
-            nxt = start(batches[k + 1]) if k + 1 < len(batches) else None
-            for req, key in batch:
+            window -= _unit_bytes(unit)
+            for req, key in unit:
                 view = memoryview(got[key])
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, io.BytesIO(view))
@@ -546,18 +556,31 @@ class _ViewFile(io.RawIOBase):
         return self._pos
 
 
-def _batches(pending: list) -> Iterable[list]:
-    batch: list = []
-    size = 0
+def _read_units(pending: list) -> Iterable[list]:
+    """Splits a load's reads into units fetched by one native call each: the items of one file
+    in file order, cut between items at about ``_READ_UNIT_BYTES``. Touching items of a unit are
+    one ranged fetch, so a file saved as one PUT (or a part of a multipart file) comes back as
+    one GET, and a unit is decoded as soon as it has arrived."""
+    by_file: dict[str, list] = {}
     for entry in pending:
-        n = entry[1][2]
-        if batch and size + n > _READ_BATCH_BYTES:
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += n
-    if batch:
-        yield batch
+        by_file.setdefault(entry[1][0], []).append(entry)
+    for entries in by_file.values():
+        entries.sort(key=lambda e: e[1][1])
+        unit: list = []
+        size = 0
+        for entry in entries:
+            n = entry[1][2]
+            if unit and size + n > _READ_UNIT_BYTES:
+                yield unit
+                unit, size = [], 0
+            unit.append(entry)
+            size += n
+        if unit:
+            yield unit
+
+
+def _unit_bytes(unit: list) -> int:
+    return sum(entry[1][2] for entry in unit)
 
 
 def latest(url: str | os.PathLike) -> str | None:
