@@ -65,6 +65,13 @@ class ColumnBatches:
             yield b["id"], col.data, col.offsets
 
 
+def keep_batch(batch):
+    """The batch path's collate_fn in a DataLoader, as docs/python.md prescribes: the batch is
+    already made, so numpy columns stay numpy instead of each becoming a tensor in its own
+    shared-memory segment (which costs more than a small batch itself)."""
+    return batch
+
+
 def _torch_iterable(obj):
     """Wraps `obj` in a torch IterableDataset (for a DataLoader)."""
     from torch.utils.data import IterableDataset
@@ -96,7 +103,8 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
         if workers:
             from torch.utils.data import DataLoader
 
-            return DataLoader(_torch_iterable(batches), batch_size=None, num_workers=workers), "columns"
+            return DataLoader(_torch_iterable(batches), batch_size=None, num_workers=workers,
+                              collate_fn=keep_batch), "columns"
         return batches, "columns"
     elif SYSTEM == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset

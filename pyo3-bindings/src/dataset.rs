@@ -538,9 +538,10 @@ pub struct NativeStream {
 }
 
 impl NativeStream {
-    /// Takes up to `n` items, waiting (GIL released, signals checked) until `n` are there or
-    /// the stream ends.
-    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<Item>> {
+    /// Takes up to `n` items, waiting (GIL released, signals checked) until at least `wait_for`
+    /// (at most `n`) are there or the stream ends.
+    fn take(&self, py: Python<'_>, n: usize, wait_for: usize) -> PyResult<Vec<Item>> {
+        let wait_for = wait_for.min(n);
         let mut out = Vec::with_capacity(n.min(4096));
         loop {
             {
@@ -552,7 +553,7 @@ impl NativeStream {
                     }
                 }
             }
-            if out.len() >= n {
+            if out.len() >= wait_for {
                 return Ok(out);
             }
             let mut rx_guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
@@ -584,9 +585,12 @@ impl NativeStream {
 
 #[pymethods]
 impl NativeStream {
-    /// Up to `n` decoded samples (dicts); an empty list at the end of the stream.
+    /// Up to `n` decoded samples (dicts): those that have arrived, at least one; an empty list
+    /// at the end of the stream.
     fn next_samples<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
-        let items = self.take(py, n.max(1))?;
+        // Whatever has arrived, at least one sample: waiting for all `n` would hold the first
+        // sample back until a whole batch had been read (64 MB of 1 MB samples).
+        let items = self.take(py, n.max(1), 1)?;
         let list = PyList::empty(py);
         for item in items {
             match item {
@@ -612,7 +616,7 @@ impl NativeStream {
         n: usize,
         columns: Option<Vec<String>>,
     ) -> PyResult<(usize, Bound<'py, PyDict>)> {
-        let items = self.take(py, n.max(1))?;
+        let items = self.take(py, n.max(1), n.max(1))?;
         let raws: Vec<RawSample> = items
             .into_iter()
             .map(|item| match item {
