@@ -182,3 +182,48 @@ async fn s3_kill_before_commit_keeps_previous_latest() {
     let meta = root.checkpoint_dir("step_2").join(".metadata");
     assert!(root.store().head(&meta).await.is_ok());
 }
+
+/// A store that answers 503 SlowDown for a while: the save (multipart and single-PUT files and
+/// the manifest) completes after backoff with the default retry policy, and reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_save_completes_after_slow_down_replies() {
+    use shardstream_storage::testing::{options_for, test_env, FaultProxy};
+    use shardstream_storage::{Location, RetryPolicy};
+
+    let moto = MotoServer::start().await.unwrap();
+    moto.create_bucket("ckpt").await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    // The default policy's retry count, with short backoffs to keep the test quick.
+    let options = options_for(&proxy.endpoint()).with_retry(RetryPolicy {
+        max_retries: 10,
+        init_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(200),
+        base: 2.0,
+        retry_timeout: Duration::from_secs(30),
+    });
+    let location = Location::open_with("s3://ckpt/runs/b", &options, &test_env()).unwrap();
+    let root = CheckpointRoot::from_location(&location);
+
+    // Throttled from the first request of the save on: parts, PUTs and the commit meet 503s.
+    proxy.fail_next(8);
+    let a = root.begin_save("step_1").await.unwrap();
+    let req = upload(&root, &a, &[11 * MIB, 1000]).await;
+    root.commit(&a, req).await.unwrap();
+    assert_eq!(proxy.failed(), 8, "every throttled request was retried");
+
+    assert_eq!(root.latest().await.unwrap().unwrap().id, "step_1");
+    let report = root.verify("step_1").await.unwrap();
+    assert!(report.is_ok(), "{:?}", report.failures);
+    let reader = root.open("step_1").await.unwrap();
+    for (rank, size) in [(0u8, 11 * MIB), (1, 1000)] {
+        let path = reader
+            .manifest()
+            .files
+            .iter()
+            .find(|f| f.path.ends_with(&format!("__{rank}_0.distcp")))
+            .map(|f| f.path.clone())
+            .unwrap();
+        let got = reader.read_range(&path, 0..size as u64).await.unwrap();
+        assert!(got == data(rank, size), "rank {rank}'s file differs");
+    }
+}
