@@ -9,7 +9,8 @@ use common::{backends, data, save, small_parts, upload};
 use object_store::{ObjectStoreExt, PutPayload};
 use shardstream_checkpoint::testing::{FaultAction, FaultStore};
 use shardstream_checkpoint::{
-    CheckpointError, CheckpointRoot, CommitRequest, ReadConfig, UploadConfig, UploadSource,
+    CheckpointError, CheckpointReader, CheckpointRoot, CommitRequest, ReadConfig, UploadConfig,
+    UploadSource,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,22 +127,26 @@ async fn save_commit_read_round_trip() {
     }
 }
 
+/// A reader of `id` whose ranged GETs are at most 1000 bytes, except for a part (or single-PUT
+/// file) of up to `whole_part_max` bytes, which is one GET.
+async fn small_reads(root: &CheckpointRoot, id: &str, whole_part_max: u64) -> CheckpointReader {
+    root.open_with(
+        id,
+        ReadConfig {
+            chunk_size: 1000,
+            whole_part_max,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn ranged_reads_fetch_only_what_is_asked() {
     for b in backends() {
         save(&b.root, "step_1", 1, 4096 * 8).await;
-        let reader = b
-            .root
-            .open_with(
-                "step_1",
-                ReadConfig {
-                    chunk_size: 1000,
-                    whole_part_max: 0,
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let reader = small_reads(&b.root, "step_1", 0).await;
         let path = reader.manifest().files[0].path.clone();
         let before = b.metrics.snapshot();
         let got = reader.read_range(&path, 4000..4200).await.unwrap();
@@ -156,17 +161,8 @@ async fn ranged_reads_fetch_only_what_is_asked() {
         assert_eq!(b.metrics.snapshot().get_requests - after.get_requests, 5);
 
         // By default a part of a file in a store comes back as one GET, as it went up.
-        let whole_parts = b
-            .root
-            .open_with(
-                "step_1",
-                ReadConfig {
-                    chunk_size: 1000,
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let whole_parts =
+            small_reads(&b.root, "step_1", ReadConfig::default().whole_part_max).await;
         let before = b.metrics.snapshot();
         let two_parts = whole_parts.read_range(&path, 4096..12288).await.unwrap();
         assert_eq!(&two_parts[..4096], &whole[..]);
@@ -186,18 +182,7 @@ async fn a_single_put_file_comes_back_in_one_get() {
         // 4000 bytes with 4096-byte parts: each file went up as one PUT.
         save(&b.root, "step_1", 1, 4000).await;
         for (whole_part_max, gets) in [(0, 4), (ReadConfig::default().whole_part_max, 1)] {
-            let reader = b
-                .root
-                .open_with(
-                    "step_1",
-                    ReadConfig {
-                        chunk_size: 1000,
-                        whole_part_max,
-                        ..Default::default()
-                    },
-                )
-                .await
-                .unwrap();
+            let reader = small_reads(&b.root, "step_1", whole_part_max).await;
             let rec = reader.manifest().files[0].clone();
             assert!(rec.parts.is_empty(), "{}: {rec:?}", b.name);
             let before = b.metrics.snapshot();
