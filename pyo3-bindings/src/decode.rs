@@ -96,11 +96,18 @@ struct Imports {
     json_loads: Py<PyAny>,
     pickle_loads: Py<PyAny>,
     bytes_io: Py<PyAny>,
-    image_open: Option<Py<PyAny>>,
-    image_frombytes: Option<Py<PyAny>>,
+}
+
+/// `PIL.Image.open` and `PIL.Image.frombytes`, imported on the first image column: importing
+/// Pillow takes milliseconds, which a dataset without images would otherwise pay before its
+/// first sample.
+struct ImageImports {
+    open: Py<PyAny>,
+    frombytes: Py<PyAny>,
 }
 
 static IMPORTS: PyOnceLock<Imports> = PyOnceLock::new();
+static IMAGE_IMPORTS: PyOnceLock<ImageImports> = PyOnceLock::new();
 
 fn imports(py: Python<'_>) -> PyResult<&Imports> {
     IMPORTS.get_or_try_init(py, || {
@@ -111,14 +118,6 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
                 np_types.push((d, np.getattr(d.name())?.unbind()));
             }
         }
-        // PIL is needed only for image columns; a dataset without them works without Pillow.
-        let (image_open, image_frombytes) = match py.import("PIL.Image") {
-            Ok(image) => (
-                Some(image.getattr("open")?.unbind()),
-                Some(image.getattr("frombytes")?.unbind()),
-            ),
-            Err(_) => (None, None),
-        };
         Ok(Imports {
             np_frombuffer: np.getattr("frombuffer")?.unbind(),
             np_types,
@@ -126,8 +125,21 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
             json_loads: py.import("json")?.getattr("loads")?.unbind(),
             pickle_loads: py.import("pickle")?.getattr("loads")?.unbind(),
             bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
-            image_open,
-            image_frombytes,
+        })
+    })
+}
+
+/// Pillow's constructors; a dataset without image columns works without Pillow installed.
+fn image_imports(py: Python<'_>) -> PyResult<&ImageImports> {
+    IMAGE_IMPORTS.get_or_try_init(py, || {
+        let image = py.import("PIL.Image").map_err(|e| {
+            pyo3::exceptions::PyImportError::new_err(format!(
+                "decoding an image column needs Pillow (pip install pillow): {e}"
+            ))
+        })?;
+        Ok(ImageImports {
+            open: image.getattr("open")?.unbind(),
+            frombytes: image.getattr("frombytes")?.unbind(),
         })
     })
 }
@@ -255,7 +267,7 @@ fn value_to_python<'py>(
             .call1((PyString::new(py, &text),))?,
         Value::StrDecimal(text) => imports.decimal.bind(py).call1((text,))?,
         Value::Json(j) => imports.json_loads.bind(py).call1((j.to_string(),))?,
-        Value::Pil(p) => pil_to_python(py, imports, p)?,
+        Value::Pil(p) => pil_to_python(py, p)?,
         Value::Image(_, data) => image_to_python(py, imports, &data)?,
         Value::List(items) => {
             let list = PyList::empty(py);
@@ -310,21 +322,12 @@ fn scalar_to_python<'py>(
     }
 }
 
-fn require<'a, 'py>(py: Python<'py>, f: &'a Option<Py<PyAny>>) -> PyResult<&'a Bound<'py, PyAny>> {
-    f.as_ref().map(|f| f.bind(py)).ok_or_else(|| {
-        pyo3::exceptions::PyImportError::new_err(
-            "decoding an image column needs Pillow (pip install pillow)",
-        )
-    })
-}
-
-fn pil_to_python<'py>(
-    py: Python<'py>,
-    imports: &Imports,
-    p: PilImage,
-) -> PyResult<Bound<'py, PyAny>> {
+fn pil_to_python<'py>(py: Python<'py>, p: PilImage) -> PyResult<Bound<'py, PyAny>> {
     let size = PyTuple::new(py, [p.width, p.height])?;
-    require(py, &imports.image_frombytes)?.call1((p.mode, size, PyBytes::new(py, &p.data)))
+    image_imports(py)?
+        .frombytes
+        .bind(py)
+        .call1((p.mode, size, PyBytes::new(py, &p.data)))
 }
 
 fn image_to_python<'py>(
@@ -333,7 +336,7 @@ fn image_to_python<'py>(
     data: &[u8],
 ) -> PyResult<Bound<'py, PyAny>> {
     let buf = imports.bytes_io.bind(py).call1((PyBytes::new(py, data),))?;
-    require(py, &imports.image_open)?.call1((buf,))
+    image_imports(py)?.open.bind(py).call1((buf,))
 }
 
 fn ndarray_to_python<'py>(
