@@ -35,6 +35,7 @@ mod engine;
 mod fetch;
 mod growing;
 mod metrics;
+mod readbuf;
 mod shard;
 mod stream;
 
@@ -154,6 +155,9 @@ pub(crate) struct Inner {
     pub retry_window_ms: AtomicU64,
     /// Local files read in place whose hash this process has checked.
     pub verified_local: Mutex<HashSet<PathBuf>>,
+    /// Read buffers the consumer has let go of, for the next reads of any stream of this
+    /// dataset (kept across epochs; see `readbuf`).
+    pub read_buffers: Arc<readbuf::BufferPool>,
 }
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
@@ -287,6 +291,7 @@ impl StreamingDataset {
                 max_shard_bytes: loaded.max_shard_bytes,
                 retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
                 verified_local: Mutex::default(),
+                read_buffers: readbuf::BufferPool::for_memory_limit(memory_limit),
             }),
         })
     }

@@ -23,6 +23,7 @@ use tracing::debug;
 use super::budget::Lease;
 use super::engine::{self, ProcState};
 use super::metrics::Metrics;
+use super::readbuf::{BufferPool, ReadBuffer};
 use super::shard::{RawSample, ShardHandle};
 use super::Inner;
 use crate::error::{Result, StreamerError};
@@ -73,7 +74,7 @@ struct ReadBuf {
     first: u64,
     last: u64,
     base: u64,
-    buf: Arc<Vec<u8>>,
+    buf: Arc<ReadBuffer>,
     _lease: Lease,
 }
 
@@ -95,6 +96,8 @@ pub struct SampleStream {
     lookahead: u64,
     replan_at: u64,
     read: Option<ReadBuf>,
+    /// Allocations of read buffers the consumer has let go of, for the next reads.
+    buffers: Arc<BufferPool>,
     /// The shard read last, so that consecutive samples of one shard skip the slot map.
     current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
@@ -140,6 +143,7 @@ impl SampleStream {
             }
         }
         let prefetch_bytes = (limit / 2).max(ds.max_shard_bytes);
+        let buffers = Arc::clone(&ds.read_buffers);
         Ok(SampleStream {
             ds,
             ps: Some(ps),
@@ -155,6 +159,7 @@ impl SampleStream {
             lookahead: 64,
             replan_at: 0,
             read: None,
+            buffers,
             current: None,
             last: None,
             failed: false,
@@ -353,13 +358,9 @@ impl SampleStream {
             }
         }
         // Give the read buffer's bytes back to the budget before waiting for a fetch that may
-        // need them. Its allocation is kept for the next read if the consumer has let go of
-        // its samples and it is small (at most RUN_BYTES, outside the budget while kept).
-        let spare = self
-            .read
-            .take()
-            .map(|r| r.buf)
-            .filter(|b| b.capacity() as u64 <= RUN_BYTES + 4096);
+        // need them. Its allocation returns to `buffers` once the consumer lets go of its
+        // samples (see `readbuf`).
+        self.read = None;
         let h = self.handle(shard)?;
         // Sequential reading (the previous sample was the one before): read a run.
         let sequential = self.last == Some((shard, i.wrapping_sub(1)));
@@ -389,11 +390,9 @@ impl SampleStream {
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
         let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
-        let mut vec = spare
-            .and_then(|mut b| Arc::get_mut(&mut b).map(std::mem::take))
-            .unwrap_or_default();
+        let mut vec = self.buffers.take(bytes as usize);
         let base = h.read_run(i, last, &mut vec)?;
-        let buf = Arc::new(vec);
+        let buf = Arc::new(ReadBuffer::pooled(vec, &self.buffers));
         let len = (first.end - first.start) as usize;
         let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
         self.read = Some(ReadBuf {

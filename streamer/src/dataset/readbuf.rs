@@ -1,0 +1,167 @@
+//! Read buffers that a stream recycles once every sample sharing one has been dropped.
+//!
+//! A stream reads each sample (or run of samples) into a buffer that the samples it hands out
+//! share. The consumer usually drops those samples on another thread, a few reads later (the
+//! Python binding keeps a couple of chunks in flight), so the stream cannot take its last
+//! buffer back when it reads the next one. Without recycling, every 1 MiB read was a fresh
+//! allocation: fresh pages, faulted in and zeroed by the kernel, a second pass over memory
+//! before the `pread` copy. The last owner of a [`ReadBuffer`] instead hands its allocation back
+//! to the stream's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
+//! next reads.
+
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+
+use super::stream::RUN_BYTES;
+
+/// Capacity a recycled allocation may have whatever the read's size.
+const SMALL_SLACK: usize = 64 << 10;
+
+/// Allocations a stream keeps for its next reads, at most `max_bytes` of capacity in all.
+#[derive(Debug)]
+pub(crate) struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    max_bytes: usize,
+    max_each: usize,
+}
+
+impl BufferPool {
+    /// A pool that keeps allocations of at most `max_each` bytes, `max_bytes` in all.
+    pub(crate) fn new(max_bytes: usize, max_each: usize) -> Arc<Self> {
+        Arc::new(BufferPool {
+            free: Mutex::new(Vec::new()),
+            max_bytes,
+            max_each,
+        })
+    }
+
+    /// The pool of a dataset whose memory limit is `limit`: room for the buffers of about one
+    /// chunk the consumer holds, a sixteenth of the limit and at most 8 runs of
+    /// [`RUN_BYTES`].
+    pub(crate) fn for_memory_limit(limit: u64) -> Arc<Self> {
+        let max_bytes = (limit / 16).min(8 * RUN_BYTES) as usize;
+        BufferPool::new(max_bytes, RUN_BYTES as usize + 4096)
+    }
+
+    /// A kept allocation fit for a read of `want` bytes (its length is what it last held), or
+    /// an empty one. An allocation much larger than `want` is left in the pool: a small sample
+    /// would otherwise pin a whole run's worth of memory for as long as the consumer holds it.
+    pub(crate) fn take(&self, want: usize) -> Vec<u8> {
+        let fits = |cap: usize| cap <= want.saturating_mul(2).max(SMALL_SLACK);
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        match free.iter().rposition(|b| fits(b.capacity())) {
+            Some(i) => free.swap_remove(i),
+            None => Vec::new(),
+        }
+    }
+
+    /// Keeps `buf` for a later read if it is small enough and the pool has room; frees it
+    /// otherwise.
+    fn give_back(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > self.max_each {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let kept: usize = free.iter().map(Vec::capacity).sum();
+        if kept + buf.capacity() <= self.max_bytes {
+            free.push(buf);
+        }
+    }
+
+    /// Bytes of capacity kept now.
+    #[cfg(test)]
+    fn kept_bytes(&self) -> usize {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(Vec::capacity)
+            .sum()
+    }
+}
+
+/// The bytes of one read, shared by the samples cut from it; its allocation goes back to its
+/// pool (if any) when the last of them is dropped.
+#[derive(Debug)]
+pub(crate) struct ReadBuffer {
+    data: Vec<u8>,
+    pool: Option<Arc<BufferPool>>,
+}
+
+impl ReadBuffer {
+    /// A buffer that is freed when dropped.
+    pub(crate) fn unpooled(data: Vec<u8>) -> Self {
+        ReadBuffer { data, pool: None }
+    }
+
+    /// A buffer whose allocation goes back to `pool` when dropped.
+    pub(crate) fn pooled(data: Vec<u8>, pool: &Arc<BufferPool>) -> Self {
+        ReadBuffer {
+            data,
+            pool: Some(Arc::clone(pool)),
+        }
+    }
+}
+
+impl Deref for ReadBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for ReadBuffer {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give_back(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_buffer_goes_back_with_its_contents_length() {
+        let pool = BufferPool::new(4 << 20, 1 << 20);
+        let buf = ReadBuffer::pooled(vec![7u8; 1000], &pool);
+        let shared = Arc::new(buf);
+        let other = Arc::clone(&shared);
+        drop(shared);
+        assert_eq!(pool.kept_bytes(), 0, "still held by a sample");
+        drop(other);
+        let again = pool.take(1000);
+        assert_eq!(again.len(), 1000);
+        assert!(again.capacity() >= 1000);
+        assert!(pool.take(1000).is_empty(), "the pool held one allocation");
+    }
+
+    #[test]
+    fn the_pool_keeps_no_more_than_its_bytes_and_no_large_buffers() {
+        let pool = BufferPool::new(3000, 2000);
+        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
+        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
+        assert!(pool.kept_bytes() <= 3000);
+        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
+        assert!(pool.kept_bytes() <= 3000);
+        let before = pool.kept_bytes();
+        drop(ReadBuffer::pooled(Vec::with_capacity(5000), &pool));
+        assert_eq!(
+            pool.kept_bytes(),
+            before,
+            "a buffer larger than max_each is freed"
+        );
+        drop(ReadBuffer::unpooled(vec![1u8; 10]));
+        assert_eq!(pool.kept_bytes(), before);
+    }
+
+    #[test]
+    fn a_small_read_does_not_take_a_large_allocation() {
+        let pool = BufferPool::new(8 << 20, 2 << 20);
+        drop(ReadBuffer::pooled(Vec::with_capacity(1 << 20), &pool));
+        assert!(pool.take(10_000).is_empty(), "10 KB must not pin 1 MiB");
+        assert!(pool.take(600_000).capacity() >= 1 << 20);
+    }
+}
