@@ -33,8 +33,11 @@ pub(crate) fn build(
                 allow_http = settings.allow_http,
                 "opening S3 location"
             );
+            let client = options
+                .client_options(settings.allow_http)
+                .with_no_system_certificates(settings.plain_http_only());
             let builder = AmazonS3Builder::new()
-                .with_client_options(options.client_options(settings.allow_http))
+                .with_client_options(client)
                 .with_retry(options.retry.to_retry_config());
             let store = settings
                 .apply(builder)

@@ -190,6 +190,24 @@ impl S3Settings {
         })
     }
 
+    /// Whether no request of the client can use TLS: a plain-`http://` endpoint with static
+    /// keys (no credential provider reaches STS or a metadata service over HTTPS). Such a
+    /// client need not load the system's root certificates, which costs milliseconds each
+    /// time a client is built (every process of a DataLoader builds its own).
+    pub fn plain_http_only(&self) -> bool {
+        let http_endpoint = self
+            .endpoint
+            .as_deref()
+            .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
+        let has = |key: AmazonS3ConfigKey| self.passthrough.iter().any(|(k, _)| *k == key);
+        let static_keys =
+            has(AmazonS3ConfigKey::AccessKeyId) && has(AmazonS3ConfigKey::SecretAccessKey);
+        let other_provider = has(AmazonS3ConfigKey::WebIdentityTokenFile)
+            || has(AmazonS3ConfigKey::ContainerCredentialsRelativeUri)
+            || has(AmazonS3ConfigKey::ContainerCredentialsFullUri);
+        self.allow_http && http_endpoint && static_keys && !other_provider
+    }
+
     /// Applies these settings to a builder that already has client and retry options.
     pub(crate) fn apply(
         &self,
@@ -259,6 +277,28 @@ mod tests {
             &Env::from_pairs(pairs.iter().copied()),
             &StorageOptions::default(),
         )
+    }
+
+    #[test]
+    fn only_a_plain_http_endpoint_with_static_keys_skips_the_system_certificates() {
+        let keys = [("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs: Vec<(&str, &str)> = keys.to_vec();
+            pairs.extend_from_slice(extra);
+            resolve(&pairs).unwrap().plain_http_only()
+        };
+        assert!(with(&[("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")]));
+        assert!(!with(&[("AWS_ENDPOINT_URL", "https://minio.example:9000")]));
+        assert!(!with(&[]), "AWS itself is HTTPS");
+        assert!(!with(&[
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:9000"),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+        ]));
+        let no_keys = resolve(&[("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")]).unwrap();
+        assert!(
+            !no_keys.plain_http_only(),
+            "a credential provider may call STS over HTTPS"
+        );
     }
 
     #[test]
