@@ -41,6 +41,7 @@
 //! # Ok::<(), shardstream_streamer::StreamerError>(())
 //! ```
 
+pub mod buffers;
 pub mod cache;
 pub mod dataset;
 pub mod error;

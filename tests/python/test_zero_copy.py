@@ -134,3 +134,31 @@ def test_iter_batches_through_a_dataloader_with_workers(padded, stream_env, ctx)
         assert batch["pad"].tolist() == [pad_of(i) for i in got]
         ids.extend(got)
     assert sorted(ids) == list(range(N))
+
+
+def test_recycled_buffers_never_change_what_python_still_holds(tmp_path, stream_env):
+    """Read buffers and batch buffers go back to a pool when Python drops what uses them, and
+    later reads and batches reuse that memory. Batches and Buffers still held must keep their
+    bytes while every later read and gather runs: samples of 200 KB, large enough that each
+    is its own read and each batch column its own pooled allocation."""
+    n, extra = 48, 200_000
+    root = tmp_path / "big"
+    write_ids(root, n, size_limit=1 << 22, extra=extra)
+    ds = shardstream.StreamingDataset(local=str(root), zero_copy=True)
+    for epoch in range(2):  # the second epoch reuses the first one's pooled allocations
+        kept_batches = []
+        for k, batch in enumerate(ds.iter_batches(4)):
+            got = [int(i) for i in batch["id"]]
+            assert batch["pad"].tolist() == [bytes([i % 251]) * extra for i in got]
+            if k % 2 == 0:
+                kept_batches.append((got, batch))  # the odd ones are dropped and recycled
+        for got, batch in kept_batches:
+            assert batch["pad"].tolist() == [bytes([i % 251]) * extra for i in got], epoch
+            assert [int(v) for v in batch["x"]] == [3 * i for i in got]
+        kept_samples = []
+        for s in ds:
+            if int(s["id"]) % 3 == 0:
+                kept_samples.append((int(s["id"]), s["pad"]))
+        assert len(kept_samples) == n // 3
+        for i, pad in kept_samples:
+            assert bytes(pad) == bytes([i % 251]) * extra, (epoch, i)

@@ -35,7 +35,6 @@ mod engine;
 mod fetch;
 mod growing;
 mod metrics;
-mod readbuf;
 mod shard;
 mod stream;
 
@@ -61,7 +60,7 @@ use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
-pub use stream::{SampleStream, StreamPlan, StreamedSample};
+pub use stream::{SampleStream, StreamPlan, StreamedSample, RUN_BYTES};
 
 use budget::Budget;
 use engine::{ProcSlot, ShardSource};
@@ -156,8 +155,8 @@ pub(crate) struct Inner {
     /// Local files read in place whose hash this process has checked.
     pub verified_local: Mutex<HashSet<PathBuf>>,
     /// Read buffers the consumer has let go of, for the next reads of any stream of this
-    /// dataset (kept across epochs; see `readbuf`).
-    pub read_buffers: Arc<readbuf::BufferPool>,
+    /// dataset (kept across epochs; see `crate::buffers`).
+    pub read_buffers: Arc<crate::buffers::BufferPool>,
 }
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
@@ -291,7 +290,7 @@ impl StreamingDataset {
                 max_shard_bytes: loaded.max_shard_bytes,
                 retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
                 verified_local: Mutex::default(),
-                read_buffers: readbuf::BufferPool::for_memory_limit(memory_limit),
+                read_buffers: crate::buffers::BufferPool::for_memory_limit(memory_limit),
             }),
         })
     }

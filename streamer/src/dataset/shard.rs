@@ -17,7 +17,7 @@ use shardstream_sharding::mds::Columns;
 use shardstream_sharding::Sample;
 
 use super::growing::{Growing, Landing};
-use super::readbuf::ReadBuffer;
+use crate::buffers::PooledBuffer;
 use crate::cache::ShardLease;
 use crate::error::{Result, StreamerError};
 
@@ -194,7 +194,7 @@ impl ShardHandle {
         let mut buf = vec![0u8; (range.end - range.start) as usize];
         read_exact_at(&self.inner.file, &self.inner.path, &mut buf, range.start)?;
         let len = buf.len();
-        self.raw_sample(i, Arc::new(ReadBuffer::unpooled(buf)), 0..len)
+        self.raw_sample(i, Arc::new(PooledBuffer::unpooled(buf)), 0..len)
     }
 
     /// Reads samples `first..last` into `buf` (one `pread`), reusing its allocation; returns
@@ -235,7 +235,7 @@ impl ShardHandle {
     pub(crate) fn raw_sample(
         &self,
         i: u64,
-        buf: Arc<ReadBuffer>,
+        buf: Arc<PooledBuffer>,
         range: Range<usize>,
     ) -> Result<RawSample> {
         let bytes = buf
@@ -375,7 +375,7 @@ fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Resul
 /// a few ranges); the bytes are never copied again after the read from the shard file.
 #[derive(Debug, Clone)]
 pub struct RawSample {
-    buf: Arc<ReadBuffer>,
+    buf: Arc<PooledBuffer>,
     range: Range<usize>,
     cols: Vec<Range<usize>>,
     columns: Arc<Columns>,

@@ -23,9 +23,9 @@ use tracing::debug;
 use super::budget::Lease;
 use super::engine::{self, ProcState};
 use super::metrics::Metrics;
-use super::readbuf::{BufferPool, ReadBuffer};
 use super::shard::{RawSample, ShardHandle};
 use super::Inner;
+use crate::buffers::{BufferPool, PooledBuffer};
 use crate::error::{Result, StreamerError};
 use crate::order::{EpochOrder, OrderConfig, Partition, Rank, World};
 
@@ -74,7 +74,7 @@ struct ReadBuf {
     first: u64,
     last: u64,
     base: u64,
-    buf: Arc<ReadBuffer>,
+    buf: Arc<PooledBuffer>,
     _lease: Lease,
 }
 
@@ -359,7 +359,7 @@ impl SampleStream {
         }
         // Give the read buffer's bytes back to the budget before waiting for a fetch that may
         // need them. Its allocation returns to `buffers` once the consumer lets go of its
-        // samples (see `readbuf`).
+        // samples (see `crate::buffers`).
         self.read = None;
         let h = self.handle(shard)?;
         // Sequential reading (the previous sample was the one before): read a run.
@@ -392,7 +392,7 @@ impl SampleStream {
         let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
         let mut vec = self.buffers.take(bytes as usize);
         let base = h.read_run(i, last, &mut vec)?;
-        let buf = Arc::new(ReadBuffer::pooled(vec, &self.buffers));
+        let buf = Arc::new(PooledBuffer::pooled(vec, &self.buffers));
         let len = (first.end - first.start) as usize;
         let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
         self.read = Some(ReadBuf {

@@ -1,25 +1,26 @@
-//! Read buffers that a stream recycles once every sample sharing one has been dropped.
+//! Buffers whose allocation goes back to a pool when their last user drops them.
 //!
 //! A stream reads each sample (or run of samples) into a buffer that the samples it hands out
 //! share. The consumer usually drops those samples on another thread, a few reads later (the
 //! Python binding keeps a couple of chunks in flight), so the stream cannot take its last
 //! buffer back when it reads the next one. Without recycling, every 1 MiB read was a fresh
 //! allocation: fresh pages, faulted in and zeroed by the kernel, a second pass over memory
-//! before the `pread` copy. The last owner of a [`ReadBuffer`] instead hands its allocation back
+//! before the `pread` copy. The last owner of a [`PooledBuffer`] instead hands its allocation back
 //! to the stream's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
-//! next reads.
+//! next reads. The Python binding does the same for the column buffers of `iter_batches`, whose
+//! previous batch Python holds while the next one is gathered.
 
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
-use super::stream::RUN_BYTES;
+use crate::dataset::RUN_BYTES;
 
 /// Capacity a recycled allocation may have whatever the read's size.
 const SMALL_SLACK: usize = 64 << 10;
 
 /// Allocations a stream keeps for its next reads, at most `max_bytes` of capacity in all.
 #[derive(Debug)]
-pub(crate) struct BufferPool {
+pub struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
     max_bytes: usize,
     max_each: usize,
@@ -27,7 +28,7 @@ pub(crate) struct BufferPool {
 
 impl BufferPool {
     /// A pool that keeps allocations of at most `max_each` bytes, `max_bytes` in all.
-    pub(crate) fn new(max_bytes: usize, max_each: usize) -> Arc<Self> {
+    pub fn new(max_bytes: usize, max_each: usize) -> Arc<Self> {
         Arc::new(BufferPool {
             free: Mutex::new(Vec::new()),
             max_bytes,
@@ -35,18 +36,19 @@ impl BufferPool {
         })
     }
 
-    /// The pool of a dataset whose memory limit is `limit`: room for the buffers of about one
-    /// chunk the consumer holds, a sixteenth of the limit and at most 8 runs of
-    /// [`RUN_BYTES`].
+    /// The pool of a dataset whose memory limit is `limit`: room for the reads a consumer
+    /// typically holds at once (the Python binding keeps up to four chunks of up to 4 MiB in
+    /// flight), a sixteenth of the limit and at most 16 runs of [`RUN_BYTES`]. The pool only
+    /// holds what was in circulation: a stream of small samples keeps little.
     pub(crate) fn for_memory_limit(limit: u64) -> Arc<Self> {
-        let max_bytes = (limit / 16).min(8 * RUN_BYTES) as usize;
+        let max_bytes = (limit / 16).min(16 * RUN_BYTES) as usize;
         BufferPool::new(max_bytes, RUN_BYTES as usize + 4096)
     }
 
     /// A kept allocation fit for a read of `want` bytes (its length is what it last held), or
     /// an empty one. An allocation much larger than `want` is left in the pool: a small sample
     /// would otherwise pin a whole run's worth of memory for as long as the consumer holds it.
-    pub(crate) fn take(&self, want: usize) -> Vec<u8> {
+    pub fn take(&self, want: usize) -> Vec<u8> {
         let fits = |cap: usize| cap <= want.saturating_mul(2).max(SMALL_SLACK);
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         match free.iter().rposition(|b| fits(b.capacity())) {
@@ -83,27 +85,33 @@ impl BufferPool {
 /// The bytes of one read, shared by the samples cut from it; its allocation goes back to its
 /// pool (if any) when the last of them is dropped.
 #[derive(Debug)]
-pub(crate) struct ReadBuffer {
+pub struct PooledBuffer {
     data: Vec<u8>,
     pool: Option<Arc<BufferPool>>,
 }
 
-impl ReadBuffer {
+impl PooledBuffer {
     /// A buffer that is freed when dropped.
-    pub(crate) fn unpooled(data: Vec<u8>) -> Self {
-        ReadBuffer { data, pool: None }
+    pub fn unpooled(data: Vec<u8>) -> Self {
+        PooledBuffer { data, pool: None }
     }
 
     /// A buffer whose allocation goes back to `pool` when dropped.
-    pub(crate) fn pooled(data: Vec<u8>, pool: &Arc<BufferPool>) -> Self {
-        ReadBuffer {
+    pub fn pooled(data: Vec<u8>, pool: &Arc<BufferPool>) -> Self {
+        PooledBuffer {
             data,
             pool: Some(Arc::clone(pool)),
         }
     }
 }
 
-impl Deref for ReadBuffer {
+impl AsRef<[u8]> for PooledBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Deref for PooledBuffer {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
@@ -111,7 +119,7 @@ impl Deref for ReadBuffer {
     }
 }
 
-impl Drop for ReadBuffer {
+impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
             pool.give_back(std::mem::take(&mut self.data));
@@ -126,7 +134,7 @@ mod tests {
     #[test]
     fn a_dropped_buffer_goes_back_with_its_contents_length() {
         let pool = BufferPool::new(4 << 20, 1 << 20);
-        let buf = ReadBuffer::pooled(vec![7u8; 1000], &pool);
+        let buf = PooledBuffer::pooled(vec![7u8; 1000], &pool);
         let shared = Arc::new(buf);
         let other = Arc::clone(&shared);
         drop(shared);
@@ -141,26 +149,26 @@ mod tests {
     #[test]
     fn the_pool_keeps_no_more_than_its_bytes_and_no_large_buffers() {
         let pool = BufferPool::new(3000, 2000);
-        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
-        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
+        drop(PooledBuffer::pooled(Vec::with_capacity(1500), &pool));
+        drop(PooledBuffer::pooled(Vec::with_capacity(1500), &pool));
         assert!(pool.kept_bytes() <= 3000);
-        drop(ReadBuffer::pooled(Vec::with_capacity(1500), &pool));
+        drop(PooledBuffer::pooled(Vec::with_capacity(1500), &pool));
         assert!(pool.kept_bytes() <= 3000);
         let before = pool.kept_bytes();
-        drop(ReadBuffer::pooled(Vec::with_capacity(5000), &pool));
+        drop(PooledBuffer::pooled(Vec::with_capacity(5000), &pool));
         assert_eq!(
             pool.kept_bytes(),
             before,
             "a buffer larger than max_each is freed"
         );
-        drop(ReadBuffer::unpooled(vec![1u8; 10]));
+        drop(PooledBuffer::unpooled(vec![1u8; 10]));
         assert_eq!(pool.kept_bytes(), before);
     }
 
     #[test]
     fn a_small_read_does_not_take_a_large_allocation() {
         let pool = BufferPool::new(8 << 20, 2 << 20);
-        drop(ReadBuffer::pooled(Vec::with_capacity(1 << 20), &pool));
+        drop(PooledBuffer::pooled(Vec::with_capacity(1 << 20), &pool));
         assert!(pool.take(10_000).is_empty(), "10 KB must not pin 1 MiB");
         assert!(pool.take(600_000).capacity() >= 1 << 20);
     }
