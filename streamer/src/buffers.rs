@@ -50,7 +50,9 @@ impl BufferPool {
     /// would otherwise pin a whole run's worth of memory for as long as the consumer holds it.
     pub fn take(&self, want: usize) -> Vec<u8> {
         let fits = |cap: usize| cap <= want.saturating_mul(2).max(SMALL_SLACK);
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mut free) = self.lock() else {
+            return Vec::new();
+        };
         match free.iter().rposition(|b| fits(b.capacity())) {
             Some(i) => free.swap_remove(i),
             None => Vec::new(),
@@ -63,10 +65,24 @@ impl BufferPool {
         if buf.capacity() == 0 || buf.capacity() > self.max_each {
             return;
         }
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mut free) = self.lock() else {
+            return;
+        };
         let kept: usize = free.iter().map(Vec::capacity).sum();
         if kept + buf.capacity() <= self.max_bytes {
             free.push(buf);
+        }
+    }
+
+    /// The free list, unless another thread holds it. Pooling is an optimisation, so a busy
+    /// list means allocate or free as usual: this never blocks, and a DataLoader worker forked
+    /// while a thread of its parent held the lock (which no thread of the child will release)
+    /// simply works without the pool instead of hanging.
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Vec<Vec<u8>>>> {
+        match self.free.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 
@@ -130,6 +146,24 @@ impl Drop for PooledBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_free_list_means_no_pooling_instead_of_a_wait() {
+        let pool = BufferPool::new(4 << 20, 1 << 20);
+        drop(PooledBuffer::pooled(vec![1u8; 100], &pool));
+        let held = pool.free.lock().unwrap();
+        assert!(
+            pool.take(100).is_empty(),
+            "a busy list gives a fresh buffer"
+        );
+        drop(PooledBuffer::pooled(vec![2u8; 100], &pool));
+        drop(held);
+        assert_eq!(
+            pool.kept_bytes(),
+            100,
+            "the buffer dropped while busy was freed"
+        );
+    }
 
     #[test]
     fn a_dropped_buffer_goes_back_with_its_contents_length() {
