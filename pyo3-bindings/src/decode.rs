@@ -15,7 +15,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use shardstream_sharding::mds::Encoding;
 use shardstream_sharding::value::{DType, NdArray, PilImage, Scalar, Value};
 use shardstream_sharding::FormatError;
@@ -92,7 +92,6 @@ pub fn parse_sample(
 struct Imports {
     np_frombuffer: Py<PyAny>,
     np_types: Vec<(DType, Py<PyAny>)>,
-    decimal: Py<PyAny>,
     json_loads: Py<PyAny>,
     pickle_loads: Py<PyAny>,
     bytes_io: Py<PyAny>,
@@ -107,6 +106,9 @@ struct ImageImports {
 }
 
 static IMPORTS: PyOnceLock<Imports> = PyOnceLock::new();
+/// `decimal.Decimal`, imported on the first `str_decimal` value (its C module takes about a
+/// millisecond to load, which every other dataset would pay before its first sample).
+static DECIMAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static IMAGE_IMPORTS: PyOnceLock<ImageImports> = PyOnceLock::new();
 
 fn imports(py: Python<'_>) -> PyResult<&Imports> {
@@ -121,7 +123,6 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
         Ok(Imports {
             np_frombuffer: np.getattr("frombuffer")?.unbind(),
             np_types,
-            decimal: py.import("decimal")?.getattr("Decimal")?.unbind(),
             json_loads: py.import("json")?.getattr("loads")?.unbind(),
             pickle_loads: py.import("pickle")?.getattr("loads")?.unbind(),
             bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
@@ -265,7 +266,9 @@ fn value_to_python<'py>(
         Value::StrInt(text) => py
             .get_type::<pyo3::types::PyInt>()
             .call1((PyString::new(py, &text),))?,
-        Value::StrDecimal(text) => imports.decimal.bind(py).call1((text,))?,
+        Value::StrDecimal(text) => DECIMAL
+            .import(py, "decimal", "Decimal")?
+            .call1((text,))?,
         Value::Json(j) => imports.json_loads.bind(py).call1((j.to_string(),))?,
         Value::Pil(p) => pil_to_python(py, p)?,
         Value::Image(_, data) => image_to_python(py, imports, &data)?,

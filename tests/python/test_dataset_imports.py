@@ -1,5 +1,5 @@
-"""What the first sample costs in imports: Pillow is imported by the first image column, not by
-every dataset. Importing it took most of the time to the first sample of a dataset without images
+"""What the first sample costs in imports: Pillow is imported by the first image column and
+`decimal` by the first `str_decimal` value, not by every dataset. Importing it took most of the time to the first sample of a dataset without images
 (about 7 ms of 10), so a non-image dataset must stream without it, and an image dataset must
 still decode its images as Mosaic does (tests/python/test_dataset_interop.py compares them)."""
 
@@ -15,16 +15,17 @@ CHILD = r"""
 import sys
 import shardstream
 assert "PIL" not in sys.modules, "importing shardstream imported Pillow"
+sys.modules.pop("decimal", None)  # whatever imported it before, the stream must not need it
 ds = shardstream.StreamingDataset(local=sys.argv[1])
 ids = [int(s["id"]) for s in ds]
 assert ids == list(range(int(sys.argv[2]))), ids[:10]
 sample = ds[3]
 assert sample["pad"] == bytes([3]) * 16
-print("PIL" in sys.modules)
+print("PIL" in sys.modules, "decimal" in sys.modules)
 """
 
 
-def test_a_dataset_without_images_never_imports_pillow(tmp_path, stream_env):
+def test_a_dataset_without_images_or_decimals_imports_neither(tmp_path, stream_env):
     root = tmp_path / "mds"
     write_ids(root, 20, extra=16)
     proc = subprocess.run(
@@ -35,7 +36,10 @@ def test_a_dataset_without_images_never_imports_pillow(tmp_path, stream_env):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "False", "streaming a dataset without images imported Pillow"
+    assert proc.stdout.strip() == "False False", (
+        "streaming a dataset without image or str_decimal columns imported Pillow or decimal: "
+        + proc.stdout
+    )
 
 
 def test_an_image_column_still_decodes_to_a_pil_image(tmp_path, stream_env):
@@ -52,3 +56,18 @@ def test_an_image_column_still_decodes_to_a_pil_image(tmp_path, stream_env):
     assert isinstance(sample["img"], Image.Image)
     assert sample["img"].tobytes() == image.tobytes()
     assert sample["img"].size == (4, 3) and sample["img"].mode == "RGB"
+
+
+def test_a_str_decimal_column_still_decodes_to_a_decimal(tmp_path, stream_env):
+    from decimal import Decimal
+
+    from streaming import MDSWriter
+
+    import shardstream
+
+    root = tmp_path / "dec"
+    with MDSWriter(out=str(root), columns={"id": "int", "d": "str_decimal"}) as w:
+        w.write({"id": 0, "d": Decimal("3.14159265358979323846")})
+    [sample] = list(shardstream.StreamingDataset(local=str(root)))
+    assert isinstance(sample["d"], Decimal)
+    assert sample["d"] == Decimal("3.14159265358979323846")
