@@ -266,9 +266,7 @@ fn value_to_python<'py>(
         Value::StrInt(text) => py
             .get_type::<pyo3::types::PyInt>()
             .call1((PyString::new(py, &text),))?,
-        Value::StrDecimal(text) => DECIMAL
-            .import(py, "decimal", "Decimal")?
-            .call1((text,))?,
+        Value::StrDecimal(text) => DECIMAL.import(py, "decimal", "Decimal")?.call1((text,))?,
         Value::Json(j) => imports.json_loads.bind(py).call1((j.to_string(),))?,
         Value::Pil(p) => pil_to_python(py, p)?,
         Value::Image(_, data) => image_to_python(py, imports, &data)?,
