@@ -37,7 +37,8 @@ const MAX_CHUNK: usize = 64;
 /// Most bytes the reader thread gathers before handing a chunk over.
 const MAX_CHUNK_BYTES: u64 = 4 << 20;
 /// Share of `memory_limit` kept for the samples this binding holds between the streamer and
-/// Python (chunks in the channel, the one being filled, the one being handed out): 1/4. The
+/// Python (chunks in the channel, the one being filled, the one being handed out) and for the
+/// column buffers of dropped `iter_batches` batches it keeps for reuse: 1/4. The
 /// streamer's own budget gets the rest, so that the two together stay within the limit.
 const BINDING_SHARE: u64 = 4;
 /// Chunks waiting in the channel.
@@ -182,7 +183,8 @@ impl NativeDataset {
     ) -> PyResult<Self> {
         let limit = memory_limit.unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
         let binding_bytes = limit / BINDING_SHARE;
-        let chunk_bytes = (binding_bytes / 4).clamp(1, MAX_CHUNK_BYTES) as usize;
+        // Half the share for the (at most 4) chunks in flight, half for the batch pool below.
+        let chunk_bytes = (binding_bytes / 8).clamp(1, MAX_CHUNK_BYTES) as usize;
         let memory_limit = Some(limit - binding_bytes);
         let config = StreamingConfig {
             remote,
@@ -213,7 +215,8 @@ impl NativeDataset {
         }
         let decoder = Arc::new(Decoder::new(py, names, encodings, zero_copy));
         // Python holds the previous batch while the next one is gathered, so one kept buffer
-        // per column is what a steady loop reuses; half the binding's share bounds them.
+        // per column is what a steady loop reuses; the other half of the binding's share
+        // bounds them.
         let pool_bytes = (binding_bytes / 2) as usize;
         Ok(NativeDataset {
             ds: Arc::new(ds),

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use crate::dataset::RUN_BYTES;
 
 /// Capacity a recycled allocation may have whatever the read's size.
-const SMALL_SLACK: usize = 64 << 10;
+const SMALL_SLACK: usize = 4 << 10;
 
 /// Allocations a stream keeps for its next reads, at most `max_bytes` of capacity in all.
 #[derive(Debug)]
@@ -38,18 +38,23 @@ impl BufferPool {
 
     /// The pool of a dataset whose memory limit is `limit`: room for the reads a consumer
     /// typically holds at once (the Python binding keeps up to four chunks of up to 4 MiB in
-    /// flight), a sixteenth of the limit and at most 16 runs of [`RUN_BYTES`]. The pool only
-    /// holds what was in circulation: a stream of small samples keeps little.
+    /// flight), a sixteenth of the limit, at least one run of [`RUN_BYTES`] (so that a small
+    /// limit still reads in-order runs into the same allocation) and at most 16 runs. The pool
+    /// only holds what was in circulation: a stream of small samples keeps little.
     pub(crate) fn for_memory_limit(limit: u64) -> Arc<Self> {
-        let max_bytes = (limit / 16).min(16 * RUN_BYTES) as usize;
+        let one_run = RUN_BYTES + 4096;
+        let max_bytes = (limit / 16).clamp(one_run, 16 * RUN_BYTES) as usize;
         BufferPool::new(max_bytes, RUN_BYTES as usize + 4096)
     }
 
     /// A kept allocation fit for a read of `want` bytes (its length is what it last held), or
-    /// an empty one. An allocation much larger than `want` is left in the pool: a small sample
-    /// would otherwise pin a whole run's worth of memory for as long as the consumer holds it.
+    /// an empty one. An allocation larger than `want` by more than a quarter (and 4 KiB) is
+    /// left in the pool: a small sample would otherwise pin a larger read's memory for as long
+    /// as the consumer holds it.
     pub fn take(&self, want: usize) -> Vec<u8> {
-        let fits = |cap: usize| cap <= want.saturating_mul(2).max(SMALL_SLACK);
+        // At most a quarter more than asked: the samples cut from a read are held by the
+        // consumer, and the memory budget counts their bytes, not the allocation's.
+        let fits = |cap: usize| cap <= want.saturating_add(want / 4).max(SMALL_SLACK);
         let Some(mut free) = self.lock() else {
             return Vec::new();
         };
@@ -204,6 +209,7 @@ mod tests {
         let pool = BufferPool::new(8 << 20, 2 << 20);
         drop(PooledBuffer::pooled(Vec::with_capacity(1 << 20), &pool));
         assert!(pool.take(10_000).is_empty(), "10 KB must not pin 1 MiB");
-        assert!(pool.take(600_000).capacity() >= 1 << 20);
+        assert!(pool.take(600_000).is_empty(), "600 KB must not pin 1 MiB");
+        assert!(pool.take(900_000).capacity() >= 1 << 20);
     }
 }
