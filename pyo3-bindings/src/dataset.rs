@@ -648,7 +648,7 @@ impl NativeStream {
         // samples arrive: the one copy of the batch path. Each sample is dropped once copied,
         // so its read buffer goes back to the engine's pool for the next reads instead of the
         // whole batch's reads being held until the last one arrives.
-        let mut columns: Vec<ColumnGather> = Vec::new();
+        let mut gathers: Vec<ColumnGather> = Vec::new();
         let mut count = 0;
         while count < n {
             let items = self.take(py, n - count, 1)?;
@@ -670,7 +670,7 @@ impl NativeStream {
                 let split: Vec<Vec<&[u8]>> = raws.iter().map(RawSample::columns).collect();
                 if first {
                     // Sized from the first samples, for the whole batch.
-                    columns = wanted
+                    gathers = wanted
                         .iter()
                         .map(|&c| {
                             let seen: usize = split.iter().map(|v| value_of(v, c).len()).sum();
@@ -680,13 +680,13 @@ impl NativeStream {
                         .collect();
                 }
                 for values in &split {
-                    for column in &mut columns {
-                        column.push(value_of(values, column.column));
+                    for gather in &mut gathers {
+                        gather.push(value_of(values, gather.column));
                     }
                 }
             });
         }
-        let gathered: Vec<(usize, Gathered)> = columns
+        let gathered: Vec<(usize, Gathered)> = gathers
             .into_iter()
             .map(|g| (g.column, g.finish(pool)))
             .collect();

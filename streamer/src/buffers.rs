@@ -6,7 +6,7 @@
 //! buffer back when it reads the next one. Without recycling, every 1 MiB read was a fresh
 //! allocation: fresh pages, faulted in and zeroed by the kernel, a second pass over memory
 //! before the `pread` copy. The last owner of a [`PooledBuffer`] instead hands its allocation back
-//! to the stream's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
+//! to the dataset's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
 //! next reads. The Python binding does the same for the column buffers of `iter_batches`, whose
 //! previous batch Python holds while the next one is gathered.
 
@@ -21,16 +21,24 @@ const SMALL_SLACK: usize = 4 << 10;
 /// Allocations a stream keeps for its next reads, at most `max_bytes` of capacity in all.
 #[derive(Debug)]
 pub struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
     max_bytes: usize,
     max_each: usize,
+}
+
+/// The kept allocations and their capacity in all (kept alongside: `give_back` runs once per
+/// read, and a stream of small shuffled samples reads once per sample).
+#[derive(Debug, Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 impl BufferPool {
     /// A pool that keeps allocations of at most `max_each` bytes, `max_bytes` in all.
     pub fn new(max_bytes: usize, max_each: usize) -> Arc<Self> {
         Arc::new(BufferPool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Free::default()),
             max_bytes,
             max_each,
         })
@@ -58,8 +66,12 @@ impl BufferPool {
         let Some(mut free) = self.lock() else {
             return Vec::new();
         };
-        match free.iter().rposition(|b| fits(b.capacity())) {
-            Some(i) => free.swap_remove(i),
+        match free.buffers.iter().rposition(|b| fits(b.capacity())) {
+            Some(i) => {
+                let buf = free.buffers.swap_remove(i);
+                free.bytes -= buf.capacity();
+                buf
+            }
             None => Vec::new(),
         }
     }
@@ -73,9 +85,9 @@ impl BufferPool {
         let Some(mut free) = self.lock() else {
             return;
         };
-        let kept: usize = free.iter().map(Vec::capacity).sum();
-        if kept + buf.capacity() <= self.max_bytes {
-            free.push(buf);
+        if free.bytes + buf.capacity() <= self.max_bytes {
+            free.bytes += buf.capacity();
+            free.buffers.push(buf);
         }
     }
 
@@ -83,7 +95,7 @@ impl BufferPool {
     /// list means allocate or free as usual: this never blocks, and a DataLoader worker forked
     /// while a thread of its parent held the lock (which no thread of the child will release)
     /// simply works without the pool instead of hanging.
-    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Vec<Vec<u8>>>> {
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Free>> {
         match self.free.try_lock() {
             Ok(guard) => Some(guard),
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
@@ -94,12 +106,13 @@ impl BufferPool {
     /// Bytes of capacity kept now.
     #[cfg(test)]
     fn kept_bytes(&self) -> usize {
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(Vec::capacity)
-            .sum()
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = free.buffers.iter().map(Vec::capacity).sum();
+        assert_eq!(
+            free.bytes, bytes,
+            "the running count matches the kept allocations"
+        );
+        bytes
     }
 }
 

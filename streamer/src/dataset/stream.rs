@@ -25,7 +25,7 @@ use super::engine::{self, ProcState};
 use super::metrics::Metrics;
 use super::shard::{RawSample, ShardHandle};
 use super::Inner;
-use crate::buffers::{BufferPool, PooledBuffer};
+use crate::buffers::PooledBuffer;
 use crate::error::{Result, StreamerError};
 use crate::order::{EpochOrder, OrderConfig, Partition, Rank, World};
 
@@ -96,8 +96,6 @@ pub struct SampleStream {
     lookahead: u64,
     replan_at: u64,
     read: Option<ReadBuf>,
-    /// Allocations of read buffers the consumer has let go of, for the next reads.
-    buffers: Arc<BufferPool>,
     /// The shard read last, so that consecutive samples of one shard skip the slot map.
     current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
@@ -143,7 +141,6 @@ impl SampleStream {
             }
         }
         let prefetch_bytes = (limit / 2).max(ds.max_shard_bytes);
-        let buffers = Arc::clone(&ds.read_buffers);
         Ok(SampleStream {
             ds,
             ps: Some(ps),
@@ -159,7 +156,6 @@ impl SampleStream {
             lookahead: 64,
             replan_at: 0,
             read: None,
-            buffers,
             current: None,
             last: None,
             failed: false,
@@ -358,8 +354,8 @@ impl SampleStream {
             }
         }
         // Give the read buffer's bytes back to the budget before waiting for a fetch that may
-        // need them. Its allocation returns to `buffers` once the consumer lets go of its
-        // samples (see `crate::buffers`).
+        // need them. Its allocation returns to the dataset's `read_buffers` once the consumer
+        // lets go of its samples (see `crate::buffers`).
         self.read = None;
         let h = self.handle(shard)?;
         // Sequential reading (the previous sample was the one before): read a run.
@@ -390,9 +386,9 @@ impl SampleStream {
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
         let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
-        let mut vec = self.buffers.take(bytes as usize);
+        let mut vec = self.ds.read_buffers.take(bytes as usize);
         let base = h.read_run(i, last, &mut vec)?;
-        let buf = Arc::new(PooledBuffer::pooled(vec, &self.buffers));
+        let buf = Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers));
         let len = (first.end - first.start) as usize;
         let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
         self.read = Some(ReadBuf {
