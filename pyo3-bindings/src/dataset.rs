@@ -362,6 +362,7 @@ impl NativeDataset {
         d.set_item("cache_bytes", m.cache_bytes)?;
         d.set_item("samples", m.samples)?;
         d.set_item("sample_bytes", m.sample_bytes)?;
+        d.set_item("sample_reads", m.sample_reads)?;
         d.set_item("stall_seconds", m.stall_seconds)?;
         d.set_item("memory_in_use", m.memory_in_use)?;
         d.set_item("memory_limit", m.memory_limit)?;

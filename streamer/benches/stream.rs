@@ -7,7 +7,10 @@
 //!   touching every sample's bytes;
 //! - `stream/1MB`: the same in bytes/s;
 //! - `ceiling/1MB`: bytes/s of plain `pread`s of the same shard files in 1 MiB reads, the most
-//!   any reader of those files can get from the page cache.
+//!   any reader of those files can get from the page cache;
+//! - `stream_shuffled/100B_in_512KiB_shards` and `.../100B_in_8MiB_shards`: samples/s of one
+//!   rank streaming a *shuffled* epoch of 200,000 samples of 100 B: small shards are read whole
+//!   once (`SampleStream`'s whole-shard reads), large ones one `pread` per sample.
 //!
 //! `cargo bench -p shardstream-streamer --bench stream`
 
@@ -26,6 +29,7 @@ use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 
 const SMALL_SAMPLES: u64 = 1_000_000;
 const LARGE_SAMPLES: u64 = 256;
+const SHUFFLED_SAMPLES: u64 = 200_000;
 
 fn write(dir: &Path, samples: u64, sample_bytes: usize, shard: u64) {
     let options = MdsWriterOptions {
@@ -63,9 +67,9 @@ fn open(dir: &Path, cache: &Path) -> StreamingDataset {
     .unwrap()
 }
 
-fn plan() -> StreamPlan {
+fn plan(order: OrderConfig) -> StreamPlan {
     StreamPlan {
-        order: OrderConfig::default(),
+        order,
         epoch: 0,
         world: World::new(1, 1, 1, 1).unwrap(),
         rank: Rank {
@@ -77,10 +81,14 @@ fn plan() -> StreamPlan {
     }
 }
 
-/// One epoch; returns the bytes seen so nothing is optimised away.
+/// One epoch in order; returns the bytes seen so nothing is optimised away.
 fn epoch(ds: &StreamingDataset) -> u64 {
+    epoch_in(ds, OrderConfig::default())
+}
+
+fn epoch_in(ds: &StreamingDataset, order: OrderConfig) -> u64 {
     let mut bytes = 0u64;
-    for item in ds.stream(plan()).unwrap() {
+    for item in ds.stream(plan(order)).unwrap() {
         let item = item.unwrap();
         bytes += item.sample.columns()[0].len() as u64;
     }
@@ -145,6 +153,26 @@ fn warm(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(dataset_bytes(&large)));
     let mut buf = vec![0u8; 1 << 20];
     g.bench_function("1MB", |b| b.iter(|| ceiling(&large, &mut buf)));
+    g.finish();
+
+    let shuffled = OrderConfig {
+        shuffle: true,
+        seed: 7,
+        ..OrderConfig::default()
+    };
+    let mut g = c.benchmark_group("stream_shuffled");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(SHUFFLED_SAMPLES));
+    for (name, shard) in [
+        ("100B_in_512KiB_shards", 512 << 10),
+        ("100B_in_8MiB_shards", 8 << 20),
+    ] {
+        let dir = root.path().join(name);
+        write(&dir, SHUFFLED_SAMPLES, 100, shard);
+        let ds = open(&dir, &cache);
+        epoch_in(&ds, shuffled);
+        g.bench_function(name, |b| b.iter(|| epoch_in(&ds, shuffled)));
+    }
     g.finish();
 }
 

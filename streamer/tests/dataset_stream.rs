@@ -12,8 +12,8 @@ use std::path::Path;
 
 use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
 use shardstream_storage::Location;
-use shardstream_streamer::order::{OrderConfig, World};
-use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
+use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
 fn config(cache_root: &Path) -> StreamingConfig {
     StreamingConfig {
@@ -261,4 +261,88 @@ fn two_streams_mixed_by_repeat_and_choose_deterministic_and_resumable() {
     assert!(from_b.iter().all(|(_, n)| **n == 1));
     assert_eq!(run(0), first, "same order on every run");
     assert_eq!(run(350), first[350..].to_vec(), "resume continues exactly");
+}
+
+/// One rank's shuffled epoch: checks every sample's bytes and that each is seen once; returns
+/// the `pread`s the stream made.
+fn shuffled_epoch_reads(ds: &StreamingDataset, spec: &Spec) -> u64 {
+    let world = World::new(1, 1, 1, 1).unwrap();
+    let plan = StreamPlan {
+        order: OrderConfig {
+            window: 4,
+            lanes: 1,
+            ..shuffled()
+        },
+        epoch: 2,
+        world,
+        rank: Rank {
+            node: 0,
+            local_process: 0,
+            worker: 0,
+        },
+        start: 0,
+    };
+    let before = ds.metrics().sample_reads;
+    let mut seen = vec![0u32; spec.samples as usize];
+    for item in ds.stream(plan).unwrap() {
+        let item = item.unwrap();
+        check_sample(
+            item.index,
+            &item.sample.decode().unwrap(),
+            spec.sample_bytes,
+        );
+        seen[item.index as usize] += 1;
+    }
+    assert!(seen.iter().all(|&n| n == 1), "every sample exactly once");
+    assert_eq!(ds.metrics().memory_in_use, 0, "the budget is given back");
+    ds.metrics().sample_reads - before
+}
+
+/// A shuffled stream reads a small complete shard whole, once, and serves its samples from
+/// memory (within an eighth of the budget); with a budget too small for that it reads one
+/// sample at a time. Cold from moto with a tight budget it still completes: the kept shards
+/// are given back before the stream waits on a download that may need their bytes.
+#[test]
+fn shuffled_stream_reads_small_shards_whole_within_the_budget() {
+    let data = tempfile::tempdir().unwrap();
+    let spec = Spec::small(600); // 1000-byte samples in 64 KiB shards
+    write_dataset(data.path(), &spec);
+    let open = |limit: u64, cache: &Path| {
+        StreamingDataset::open(StreamingConfig {
+            remote: data.path().display().to_string(),
+            memory_limit: Some(limit),
+            ..config(cache)
+        })
+        .unwrap()
+    };
+    // 4 MiB: an eighth is 512 KiB, room for every shard of a 4-shard window.
+    let cache = tempfile::tempdir().unwrap();
+    let ds = open(4 << 20, cache.path());
+    let shards = ds.num_shards() as u64;
+    let reads = shuffled_epoch_reads(&ds, &spec);
+    assert!(reads <= shards, "{reads} reads for {shards} shards");
+    // 256 KiB: an eighth (32 KiB) holds no 64 KiB shard, so samples are read one by one.
+    let cache = tempfile::tempdir().unwrap();
+    let tight = open(256 << 10, cache.path());
+    let reads = shuffled_epoch_reads(&tight, &spec);
+    assert!(reads > spec.samples / 2, "{reads} reads of single samples");
+
+    let rt = runtime();
+    let server = moto_with(data.path(), &rt);
+    let cache = tempfile::tempdir().unwrap();
+    let cold = StreamingDataset::open_at(
+        StreamingConfig {
+            remote: "s3://bucket/ds".into(),
+            memory_limit: Some(1 << 20),
+            ..config(cache.path())
+        },
+        s3_location(&server.endpoint(), "ds"),
+    )
+    .unwrap();
+    let reads = shuffled_epoch_reads(&cold, &spec);
+    assert!(
+        reads < spec.samples,
+        "{reads} reads: some shards were read whole"
+    );
+    assert_eq!(cold.metrics().shards_fetched, shards);
 }

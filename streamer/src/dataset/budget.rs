@@ -61,6 +61,11 @@ impl Budget {
         self.limit - self.sem.available_permits() as u64
     }
 
+    /// Bytes free now.
+    pub(crate) fn free(&self) -> u64 {
+        self.sem.available_permits() as u64
+    }
+
     fn check(&self, what: &(dyn Fn() -> String + Sync), bytes: u64) -> Result<u32> {
         if bytes > self.limit || bytes > MAX_ONE_ACQUIRE {
             return Err(StreamerError::BudgetExceeded {
@@ -126,6 +131,23 @@ impl Budget {
         (self.limit - read_reserve(self.limit)).max(1)
     }
 
+    /// Takes `bytes` if they are free now; `None` (nothing taken) if they are not, or if the
+    /// request could never fit.
+    pub(crate) fn try_acquire(&self, bytes: u64) -> Option<Lease> {
+        let n = u32::try_from(bytes).ok().filter(|_| bytes <= self.limit)?;
+        if n == 0 {
+            return Some(Lease {
+                _permit: None,
+                _fetch: None,
+            });
+        }
+        let permit = Arc::clone(&self.sem).try_acquire_many_owned(n).ok()?;
+        Some(Lease {
+            _permit: Some(permit),
+            _fetch: None,
+        })
+    }
+
     /// [`Budget::acquire`] for a plain thread (the consumer's).
     pub(crate) fn acquire_blocking(
         &self,
@@ -184,5 +206,23 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn try_acquire_takes_only_what_is_free_now() {
+        let budget = Budget::new(100);
+        let a = budget.try_acquire(70).unwrap();
+        assert_eq!(budget.in_use(), 70);
+        assert!(budget.try_acquire(31).is_none(), "only 30 are free");
+        assert_eq!(budget.in_use(), 70, "a refused request takes nothing");
+        let b = budget.try_acquire(30).unwrap();
+        assert_eq!(budget.in_use(), 100);
+        drop((a, b));
+        assert!(
+            budget.try_acquire(101).is_none(),
+            "larger than the whole budget"
+        );
+        assert!(budget.try_acquire(0).is_some());
+        assert_eq!(budget.in_use(), 0);
     }
 }

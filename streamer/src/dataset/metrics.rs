@@ -13,6 +13,7 @@ pub(crate) struct Metrics {
     pub shards_fetched: AtomicU64,
     pub samples: AtomicU64,
     pub sample_bytes: AtomicU64,
+    pub sample_reads: AtomicU64,
     pub stall_nanos: AtomicU64,
 }
 
@@ -48,6 +49,9 @@ pub struct MetricsSnapshot {
     pub samples: u64,
     /// Bytes of those samples (`shardstream_sample_bytes_total`).
     pub sample_bytes: u64,
+    /// `pread`s of cached shard files made to serve samples: one per sample, per run of samples
+    /// read in order, or per small shard read whole (`shardstream_sample_reads_total`).
+    pub sample_reads: u64,
     /// Seconds the consumer waited for a shard (`shardstream_consumer_stall_seconds_total`).
     pub stall_seconds: f64,
     /// Bytes of the memory budget held now (`shardstream_memory_budget_used_bytes`).
@@ -60,7 +64,7 @@ impl MetricsSnapshot {
     /// The snapshot in Prometheus' text exposition format (version 0.0.4), under the DESIGN §4
     /// names: `shardstream_*`, base units, no per-shard labels.
     pub fn to_prometheus(&self) -> String {
-        let counters: [(&str, &str, f64); 12] = [
+        let counters: [(&str, &str, f64); 13] = [
             (
                 "shardstream_fetch_bytes_total",
                 "Bytes downloaded from storage.",
@@ -110,6 +114,11 @@ impl MetricsSnapshot {
                 "shardstream_sample_bytes_total",
                 "Bytes of the samples handed to the consumer.",
                 self.sample_bytes as f64,
+            ),
+            (
+                "shardstream_sample_reads_total",
+                "Reads of cached shard files made to serve samples.",
+                self.sample_reads as f64,
             ),
             (
                 "shardstream_consumer_stall_seconds_total",
@@ -173,7 +182,7 @@ mod tests {
         assert!(text.contains("shardstream_consumer_stall_seconds_total 1.5\n"));
         assert!(text.contains("# TYPE shardstream_cache_bytes gauge\nshardstream_cache_bytes 77\n"));
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 14);
+        assert_eq!(samples.len(), 15);
         assert!(samples
             .iter()
             .all(|l| l.starts_with("shardstream_") && !l.contains('{')));

@@ -442,6 +442,7 @@ impl Inner {
             cache_bytes: cache.cache_bytes,
             samples: m.samples.load(Relaxed),
             sample_bytes: m.sample_bytes.load(Relaxed),
+            sample_reads: m.sample_reads.load(Relaxed),
             stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
             memory_in_use: self.budget.in_use(),
             memory_limit: self.budget.limit(),

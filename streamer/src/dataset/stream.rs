@@ -12,8 +12,17 @@
 //! order, or runs of up to [`RUN_BYTES`] of consecutive samples when the stream reads a shard
 //! in order. The read buffer holds its bytes of the budget until the next read replaces it; a
 //! sample handed to the consumer no longer counts (holding many of them is the caller's memory).
+//!
+//! A shuffled stream reads a *small* shard (its samples within [`RUN_BYTES`]) whole, once it is
+//! complete, and serves its later samples from memory: in a shuffle block every sample of it is
+//! read sooner or later, and one `pread` per tiny sample costs more than the sample. These
+//! buffers hold budget while kept (at most [`WHOLE_SHARDS_MAX`], and an eighth of the budget),
+//! are taken only when the budget is free at once, and are given back before the stream waits
+//! for anything that may need budget (a fetch, a shard's next bytes, a read) unless the budget
+//! has room for the largest buffer a download or decoder of the dataset takes, so they never
+//! hold up a download.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,6 +31,7 @@ use tracing::debug;
 
 use super::budget::Lease;
 use super::engine::{self, ProcState};
+use super::fetch::WRITE_BYTES;
 use super::metrics::Metrics;
 use super::shard::{RawSample, ShardHandle};
 use super::Inner;
@@ -35,6 +45,11 @@ pub const RUN_BYTES: u64 = 1 << 20;
 /// as `fetch::PART_BYTES` allows, so this is most of the stream's parallelism; the memory
 /// budget and the disk allowance bound it further).
 const MAX_FETCHES: usize = 8;
+/// Most bytes of whole small shards a shuffled stream keeps in memory (see the module doc).
+pub const WHOLE_SHARDS_MAX: u64 = 16 << 20;
+/// Above a shard's bytes, what a decoder may take from the budget at once (its input and copy
+/// buffers and the zstd blocks; `decode::decoder_bytes`), with room to spare.
+const DECODER_SLACK: u64 = 4 << 20;
 
 /// What to stream: the order's settings, the epoch, the world and this rank, and where to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +93,14 @@ struct ReadBuf {
     _lease: Lease,
 }
 
+/// A small shard read whole (see the module doc).
+struct WholeShard {
+    base: u64,
+    bytes: u64,
+    buf: Arc<PooledBuffer>,
+    _lease: Lease,
+}
+
 /// A rank's samples for (the rest of) an epoch, prefetched. `Iterator<Item =
 /// Result<StreamedSample>>`; stops after the first error.
 pub struct SampleStream {
@@ -96,6 +119,14 @@ pub struct SampleStream {
     lookahead: u64,
     replan_at: u64,
     read: Option<ReadBuf>,
+    /// Small shards read whole (shuffled streams only), and their bytes.
+    whole: HashMap<u32, WholeShard>,
+    whole_bytes: u64,
+    /// Most bytes `whole` may hold: 0 for a stream in order.
+    whole_limit: u64,
+    /// Free budget below which `whole` is given back before a wait: the most a download's
+    /// buffer or a decoder of this dataset takes at once.
+    wait_room: u64,
     /// The shard read last, so that consecutive samples of one shard skip the slot map.
     current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
@@ -141,6 +172,12 @@ impl SampleStream {
             }
         }
         let prefetch_bytes = (limit / 2).max(ds.max_shard_bytes);
+        let wait_room = WRITE_BYTES.max(ds.max_shard_bytes.saturating_add(DECODER_SLACK));
+        let whole_limit = if plan.order.shuffle {
+            (ds.budget.limit() / 8).min(WHOLE_SHARDS_MAX)
+        } else {
+            0
+        };
         Ok(SampleStream {
             ds,
             ps: Some(ps),
@@ -156,6 +193,10 @@ impl SampleStream {
             lookahead: 64,
             replan_at: 0,
             read: None,
+            whole: HashMap::new(),
+            whole_bytes: 0,
+            whole_limit,
+            wait_room,
             current: None,
             last: None,
             failed: false,
@@ -215,6 +256,24 @@ impl SampleStream {
         }
         if self.slots.remove(&shard).is_some() {
             self.slot_bytes = self.slot_bytes.saturating_sub(self.shard_bytes(shard));
+        }
+        if let Some(w) = self.whole.remove(&shard) {
+            self.whole_bytes -= w.bytes;
+        }
+    }
+
+    fn drop_whole(&mut self) {
+        self.whole.clear();
+        self.whole_bytes = 0;
+    }
+
+    /// Before a wait that a download or decoder (which may need budget) could be holding up:
+    /// gives the whole shards' bytes back unless the budget has room for the largest buffer
+    /// either takes at once. Dropping them on every wait would read them again and again while
+    /// a cold epoch's shards arrive.
+    fn room_for_wait(&mut self) {
+        if !self.whole.is_empty() && self.ds.budget.free() < self.wait_room {
+            self.drop_whole();
         }
     }
 
@@ -311,12 +370,20 @@ impl SampleStream {
             }
             self.spawn_fetch(shard)?;
         }
+        // A ready shard is looked up in place: in a shuffled order nearly every sample switches
+        // shards, and taking the slot out and back in cost a tree rebalance each time.
+        if let Some(Slot::Ready(h)) = self.slots.get(&shard) {
+            return Ok(h.clone());
+        }
         match self.slots.remove(&shard) {
             Some(Slot::Ready(h)) => {
                 self.slots.insert(shard, Slot::Ready(h.clone()));
                 Ok(h)
             }
             Some(Slot::Pending(task)) => {
+                if !task.is_finished() {
+                    self.room_for_wait();
+                }
                 let started = Instant::now();
                 let result = futures::executor::block_on(task)
                     .map_err(|e| StreamerError::Engine(format!("fetch task failed: {e}")))?;
@@ -340,6 +407,14 @@ impl SampleStream {
     }
 
     fn read_sample(&mut self, shard: u32, i: u64) -> Result<RawSample> {
+        if let Some(w) = self.whole.get(&shard) {
+            let (base, buf) = (w.base, Arc::clone(&w.buf));
+            let h = self.handle(shard)?;
+            let range = h.sample_range(i)?;
+            let lo = (range.start - base) as usize;
+            let hi = (range.end - base) as usize;
+            return h.raw_sample(i, buf, lo..hi);
+        }
         let buffered = self
             .read
             .as_ref()
@@ -360,11 +435,19 @@ impl SampleStream {
         let h = self.handle(shard)?;
         // Sequential reading (the previous sample was the one before): read a run.
         let sequential = self.last == Some((shard, i.wrapping_sub(1)));
+        if !sequential {
+            if let Some(sample) = self.read_whole(shard, &h, i)? {
+                return Ok(sample);
+            }
+        }
         let first = h.sample_range(i)?;
         // A shard still downloading: wait for this sample's bytes before taking any budget
         // (the download needs budget to make progress), and read no further than what is
         // there, so the sample is served as soon as it has arrived.
         if !h.is_complete() {
+            if h.readable() < first.end {
+                self.room_for_wait();
+            }
             let started = Instant::now();
             h.wait_for(first.end)?;
             Metrics::add(
@@ -385,9 +468,16 @@ impl SampleStream {
         let bytes = h.sample_range(last - 1)?.end - first.start;
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
-        let lease = self.ds.budget.acquire_blocking(&what, bytes)?;
+        let lease = match self.ds.budget.try_acquire(bytes) {
+            Some(lease) => lease,
+            None => {
+                self.drop_whole();
+                self.ds.budget.acquire_blocking(&what, bytes)?
+            }
+        };
         let mut vec = self.ds.read_buffers.take(bytes as usize);
         let base = h.read_run(i, last, &mut vec)?;
+        Metrics::add(&self.ds.metrics.sample_reads, 1);
         let buf = Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers));
         let len = (first.end - first.start) as usize;
         let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
@@ -402,11 +492,50 @@ impl SampleStream {
         Ok(sample)
     }
 
+    /// Reads all of shard `shard` for sample `i` when the stream keeps whole shards and this one
+    /// is small, complete, and fits now (`None`: read the sample alone).
+    fn read_whole(&mut self, shard: u32, h: &ShardHandle, i: u64) -> Result<Option<RawSample>> {
+        let n = h.num_samples();
+        if self.whole_limit == 0 || n == 0 || !h.is_complete() {
+            return Ok(None);
+        }
+        let start = h.sample_range(0)?.start;
+        let bytes = h.sample_range(n - 1)?.end - start;
+        if bytes > RUN_BYTES || self.whole_bytes + bytes > self.whole_limit {
+            return Ok(None);
+        }
+        let Some(lease) = self.ds.budget.try_acquire(bytes) else {
+            return Ok(None);
+        };
+        let mut vec = self.ds.read_buffers.take(bytes as usize);
+        let base = h.read_run(0, n, &mut vec)?;
+        Metrics::add(&self.ds.metrics.sample_reads, 1);
+        let buf = Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers));
+        let range = h.sample_range(i)?;
+        let sample = h.raw_sample(
+            i,
+            Arc::clone(&buf),
+            (range.start - base) as usize..(range.end - base) as usize,
+        )?;
+        self.whole.insert(
+            shard,
+            WholeShard {
+                base,
+                bytes,
+                buf,
+                _lease: lease,
+            },
+        );
+        self.whole_bytes += bytes;
+        Ok(Some(sample))
+    }
+
     fn step(&mut self) -> Result<Option<StreamedSample>> {
         if self.next >= self.len {
             self.slots.clear();
             self.current = None;
             self.read = None;
+            self.drop_whole();
             // Shards still arriving in the background (served before they were complete) are
             // committed before the stream reports its end.
             if let Ok(ps) = self.ps() {
@@ -471,6 +600,7 @@ impl Drop for SampleStream {
         if forked {
             // Inherited from the parent: leak, never drop (see `engine`).
             std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(std::mem::take(&mut self.whole));
             std::mem::forget(self.current.take());
             std::mem::forget(self.ps.take());
         }
