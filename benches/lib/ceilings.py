@@ -12,6 +12,26 @@ from measure import run_child
 from results import Row, aggregate
 
 THREADS = 8
+# Profiles whose samples are at least this large also get the Python read() ceiling.
+PY_READ_MIN_SAMPLE = 64 << 10
+
+# The Python read() ceiling's child: reads every file in reads of one sample each (a new `bytes`
+# object per read, as a loader that yields `bytes` makes one per sample) and prints its loop time
+# (imports and process start excluded).
+PY_READ = """
+import json, sys, time
+size, files = int(sys.argv[1]), sys.argv[2:]
+t = time.perf_counter()
+n = 0
+for f in files:
+    with open(f, "rb", buffering=0) as fh:
+        while True:
+            b = fh.read(size)
+            if not b:
+                break
+            n += len(b)
+print(json.dumps({"s": time.perf_counter() - t, "bytes": n}))
+"""
 
 
 def _timed_runs(fn, runs: int) -> list[float]:
@@ -43,6 +63,20 @@ def run_all(ctx, log) -> list[Row]:
             times.append(res.wall_s)
         rows.append(aggregate("ceiling", "page-cache read (cat)", p.name, "warm · MDS shard files", "ceiling",
                               as_runs(times, stored), temperature="warm"))
+
+        # What Python itself gets when it makes one `bytes` object per sample from the page cache
+        # (the first run is a warm-up).
+        if p.sample_bytes >= PY_READ_MIN_SAMPLE:
+            cmd = [ctx.python, "-c", PY_READ, str(p.sample_bytes), *map(str, files)]
+            times = []
+            for _ in range(ctx.runs + 1):
+                res = run_child(cmd, ctx.timeout)
+                if res.rc == 0 and res.lines and res.lines[-1].get("bytes") == stored:
+                    times.append(res.lines[-1]["s"])
+            rows.append(aggregate("ceiling", "Python read() into bytes", p.name,
+                                  "warm · MDS shard files, one read per sample", "ceiling",
+                                  as_runs(times[1:], stored), temperature="warm",
+                                  notes="a new bytes object per read, as a loader yielding bytes makes; loop time"))
 
         # Raw parallel GET of the same objects from the same server (boto3, 8 threads).
         keys = [f"mds/{p.name}/{f.relative_to(mds).as_posix()}" for f in files]

@@ -23,6 +23,10 @@ import urllib.request
 T_START = time.time()
 SPEC = json.loads(sys.argv[1])
 SYSTEM = ""  # set per job: one child may run several systems (--smoke does, to import torch once)
+# The consumer's own ceiling: the same samples, already in memory, through the same loop, collate
+# and DataLoader. Whatever a loader costs beyond it is the loader's.
+MEMORY = "in-memory samples (ceiling)"
+MEMORY_DATA: dict = {}  # the samples and both orders of the current job, built before timing
 
 
 # --- turning each system's sample into (id, data), in the worker that produced it -----------------
@@ -85,9 +89,43 @@ def _torch_iterable(obj):
 
 # --- building each system's iterable ----------------------------------------------------------------
 
+def prepare_memory(job: dict) -> None:
+    """The in-memory ceiling's samples (`id`, `data` as the checks expect) and its two orders,
+    made once per job and outside the timed epochs, as a dataset already in RAM would be."""
+    import random
+
+    n, size = job["samples"], job["sample_bytes"]
+    head = min(8, size)
+    pad = bytes(size - head)
+    MEMORY_DATA["samples"] = [i.to_bytes(8, "little")[:head] + pad for i in range(n)]
+    shuffled = list(range(n))
+    random.Random(1).shuffle(shuffled)
+    MEMORY_DATA["orders"] = {False: list(range(n)), True: shuffled}
+
+
+class MemorySamples:
+    """The in-memory ceiling as an iterable: this process's (or DataLoader worker's) samples,
+    split by whole batches over the workers as shardstream splits them."""
+
+    def __init__(self, shuffle: bool, batch_size: int) -> None:
+        self.shuffle, self.batch_size = shuffle, batch_size
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        data, order, bs = MEMORY_DATA["samples"], MEMORY_DATA["orders"][self.shuffle], self.batch_size
+        for start in range(worker * bs, len(order), workers * bs):
+            for i in order[start:start + bs]:
+                yield {"id": i, "data": data[i]}
+
+
 def build(job: dict, local: str, shuffle: bool, workers: int):
     bs = SPEC["batch_size"]
-    if SYSTEM == "mosaicml-streaming":
+    if SYSTEM == MEMORY:
+        ds = _torch_iterable(MemorySamples(shuffle, bs))
+    elif SYSTEM == "mosaicml-streaming":
         from streaming import StreamingDataset
 
         ds = StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
@@ -230,10 +268,12 @@ def main() -> None:
         # that a training process pays once, and, for warm runs, fills the cache that each warm run
         # then gets a hard-linked copy of.
         warm_src = os.path.join(scratch, "prewarm")
+        if SYSTEM == MEMORY:
+            prepare_memory(job)
         if first_of[SYSTEM] == j or (job["temperature"] == "warm" and SYSTEM != "webdataset"):
             r = epoch(job, warm_src, False, 0)
             print(json.dumps({"job": j, "prewarm": True, **r}), flush=True)
-        if job["temperature"] == "cold" or SYSTEM == "webdataset":
+        if job["temperature"] == "cold" or SYSTEM in ("webdataset", MEMORY):
             shutil.rmtree(warm_src, ignore_errors=True)
             warm_src = None
         k = 0

@@ -18,6 +18,9 @@ from measure import run_child
 from results import Row, Skip, aggregate
 
 LIB = Path(__file__).resolve().parent
+# The consumer's ceiling (consume.py): the same samples from memory, through the same loop and
+# DataLoader; its rows are "memory · ..." and it is not a peer.
+MEMORY = "in-memory samples (ceiling)"
 
 CONFIGS = [
     {"workers": 0, "shuffle": False},
@@ -65,14 +68,15 @@ class PythonLoader:
     consume.py: one child process per (profile, cold|warm) running every config `runs` times."""
 
     FORMATS = {"mosaicml-streaming": "mds", "litdata": "litdata", "webdataset": "wds", "shardstream (python)": "mds",
-               "shardstream (python, iter_batches)": "mds"}
+               "shardstream (python, iter_batches)": "mds", MEMORY: "mds"}
 
     def __init__(self, system: str, kind: str) -> None:
         self.system, self.kind, self.fmt = system, kind, self.FORMATS[system]
 
     def unavailable(self, ctx: Ctx) -> str | None:
         module = {"mosaicml-streaming": "streaming", "litdata": "litdata", "webdataset": "webdataset",
-                  "shardstream (python)": "shardstream", "shardstream (python, iter_batches)": "shardstream"}[self.system]
+                  "shardstream (python)": "shardstream", "shardstream (python, iter_batches)": "shardstream",
+                  MEMORY: "torch"}[self.system]
         probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
         # A package that is there but cannot stream yet (the binding's native part landing later)
         # fails its first, untimed epoch and is skipped with that error as the reason.
@@ -224,11 +228,11 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
                         "get_object", Params={"Bucket": "bench", "Key": f"wds/{profile.name}/{Path(f).name}"}, ExpiresIn=7200)
                     # WebDataset's documented way to read from an object store: a pipe from a downloader.
                     urls.append(f"pipe:curl -s -f -L '{url}'")
-            for temperature in ("cold", "warm"):
+            for temperature in ("memory",) if loader.system == MEMORY else ("cold", "warm"):
                 jobs.append({"system": loader.system, "profile": profile.name, "samples": profile.samples,
                              "sample_bytes": profile.sample_bytes, "remote": f"s3://bench/{loader.fmt}/{profile.name}",
                              "temperature": temperature, "urls": urls, "local_files": local_files,
-                             "configs": ctx.configs(profile.name, temperature)})
+                             "configs": ctx.configs(profile.name, "warm" if temperature == "memory" else temperature)})
     scratch = ctx.work / "scratch" / "consume"
     shutil.rmtree(scratch, ignore_errors=True)
     spec = {"endpoint": ctx.server.endpoint, "batch_size": ctx.batch_size, "runs": ctx.runs, "scratch": str(scratch),
@@ -280,6 +284,7 @@ def run_all(ctx: Ctx, log) -> tuple[list[Row], list[Skip]]:
         PythonLoader("mosaicml-streaming", "peer"),
         PythonLoader("litdata", "peer"),
         PythonLoader("webdataset", "peer"),
+        PythonLoader(MEMORY, "ceiling"),
     ]
     rows, skips, python = [], [], []
     for r in runners:
