@@ -23,10 +23,10 @@ import urllib.request
 T_START = time.time()
 SPEC = json.loads(sys.argv[1])
 SYSTEM = ""  # set per job: one child may run several systems (--smoke does, to import torch once)
-# The consumer's own ceiling: the same samples, already in memory, through the same loop, collate
+# The consumer's own ceiling: the same samples, made in memory, through the same loop, collate
 # and DataLoader. Whatever a loader costs beyond it is the loader's.
 MEMORY = "in-memory samples (ceiling)"
-MEMORY_DATA: dict = {}  # the samples and both orders of the current job, built before timing
+MEMORY_DATA: dict = {}  # both orders and the sample size of the current job, set before timing
 
 
 # --- turning each system's sample into (id, data), in the worker that produced it -----------------
@@ -90,22 +90,25 @@ def _torch_iterable(obj):
 # --- building each system's iterable ----------------------------------------------------------------
 
 def prepare_memory(job: dict) -> None:
-    """The in-memory ceiling's samples (`id`, `data` as the checks expect) and its two orders,
-    made once per job and outside the timed epochs, as a dataset already in RAM would be."""
+    """The in-memory ceiling's two orders, made once per job and outside the timed epochs. They
+    are arrays of machine integers, not lists of Python ints: a forked DataLoader worker that
+    walked a list would copy-on-write a page of the parent for every object it touched."""
+    import array
     import random
 
-    n, size = job["samples"], job["sample_bytes"]
-    head = min(8, size)
-    pad = bytes(size - head)
-    MEMORY_DATA["samples"] = [i.to_bytes(8, "little")[:head] + pad for i in range(n)]
+    n = job["samples"]
     shuffled = list(range(n))
     random.Random(1).shuffle(shuffled)
-    MEMORY_DATA["orders"] = {False: list(range(n)), True: shuffled}
+    MEMORY_DATA["orders"] = {False: array.array("q", range(n)), True: array.array("q", shuffled)}
+    MEMORY_DATA["size"] = job["sample_bytes"]
 
 
 class MemorySamples:
     """The in-memory ceiling as an iterable: this process's (or DataLoader worker's) samples,
-    split by whole batches over the workers as shardstream splits them."""
+    split by whole batches over the workers as shardstream splits them. Each sample's bytes are
+    made where they are yielded (its id, then zeros: one allocation and one copy, as a loader that
+    reads into a new `bytes` makes); a list of samples built in the parent would instead cost a
+    forked worker a copy-on-write fault per sample when it touched their reference counts."""
 
     def __init__(self, shuffle: bool, batch_size: int) -> None:
         self.shuffle, self.batch_size = shuffle, batch_size
@@ -115,10 +118,12 @@ class MemorySamples:
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        data, order, bs = MEMORY_DATA["samples"], MEMORY_DATA["orders"][self.shuffle], self.batch_size
+        order, bs, size = MEMORY_DATA["orders"][self.shuffle], self.batch_size, MEMORY_DATA["size"]
+        head = min(8, size)
+        pad = bytes(size - head)
         for start in range(worker * bs, len(order), workers * bs):
             for i in order[start:start + bs]:
-                yield {"id": i, "data": data[i]}
+                yield {"id": i, "data": i.to_bytes(8, "little")[:head] + pad}
 
 
 def build(job: dict, local: str, shuffle: bool, workers: int):

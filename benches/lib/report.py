@@ -137,8 +137,9 @@ class Report:
                 "WebDataset tar member has a 512-byte header); ÷ceiling = MB/s ÷ the page-cache read (warm) or the raw",
                 "parallel GET (cold) of the same profile; ÷best peer = MB/s ÷ the best peer's in the same row",
                 f"configuration. **{MEMORY}** (configurations `memory · ...`) is the consumer's own ceiling: the",
-                "same samples already in RAM, through the same checks, collate and DataLoader, so what a loader costs",
-                "beyond it is the loader's (with workers it is mostly torch's worker processes and queues).", ""]
+                "same samples made in memory where they are yielded (one allocation and copy each, no storage),",
+                "through the same checks, collate and DataLoader, so what a loader costs beyond it is the loader's",
+                "(with workers it is mostly torch's worker processes and queues).", ""]
         for prof in self.meta["profiles"]:
             rows = [r for r in self.rows if r.section == "streaming" and r.profile == prof]
             if not rows:

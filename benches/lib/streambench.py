@@ -18,7 +18,7 @@ from measure import run_child
 from results import Row, Skip, aggregate
 
 LIB = Path(__file__).resolve().parent
-# The consumer's ceiling (consume.py): the same samples from memory, through the same loop and
+# The consumer's ceiling (consume.py): the same samples made in memory, through the same loop and
 # DataLoader; its rows are "memory · ..." and it is not a peer.
 MEMORY = "in-memory samples (ceiling)"
 
