@@ -299,8 +299,8 @@ fn shuffled_epoch_reads(ds: &StreamingDataset, spec: &Spec) -> u64 {
 }
 
 /// A shuffled stream reads a small complete shard whole, once, and serves its samples from
-/// memory (within an eighth of the budget); with a budget too small for that it reads one
-/// sample at a time. Cold from moto with a tight budget it still completes: the kept shards
+/// memory (within an eighth of the budget; its first batch, one sample here, is read sample by
+/// sample); with a budget too small for that it reads one sample at a time. Cold from moto with a tight budget it still completes: the kept shards
 /// are given back before the stream waits on a download that may need their bytes.
 #[test]
 fn shuffled_stream_reads_small_shards_whole_within_the_budget() {
@@ -320,7 +320,7 @@ fn shuffled_stream_reads_small_shards_whole_within_the_budget() {
     let ds = open(4 << 20, cache.path());
     let shards = ds.num_shards() as u64;
     let reads = shuffled_epoch_reads(&ds, &spec);
-    assert!(reads <= shards, "{reads} reads for {shards} shards");
+    assert!(reads <= shards + 1, "{reads} reads for {shards} shards");
     // 256 KiB: an eighth (32 KiB) holds no 64 KiB shard, so samples are read one by one.
     let cache = tempfile::tempdir().unwrap();
     let tight = open(256 << 10, cache.path());

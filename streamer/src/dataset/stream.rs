@@ -15,7 +15,9 @@
 //!
 //! A shuffled stream reads a *small* shard (its samples within [`RUN_BYTES`]) whole, once it is
 //! complete, and serves its later samples from memory: in a shuffle block every sample of it is
-//! read sooner or later, and one `pread` per tiny sample costs more than the sample. These
+//! read sooner or later, and one `pread` per tiny sample costs more than the sample. Not before
+//! its first batch is out, though: that batch's samples come from every shard of the block, and
+//! reading all of them whole would hold the first batch back by as many megabytes. These
 //! buffers hold budget while kept (at most [`WHOLE_SHARDS_MAX`], and an eighth of the budget),
 //! are taken only when the budget is free at once, and are given back before the stream waits
 //! for anything that may need budget (a fetch, a shard's next bytes, a read) unless the budget
@@ -124,6 +126,8 @@ pub struct SampleStream {
     whole_bytes: u64,
     /// Most bytes `whole` may hold: 0 for a stream in order.
     whole_limit: u64,
+    /// Samples served one by one before shards are read whole (the first batch).
+    whole_after: u64,
     /// Free budget below which `whole` is given back before a wait: the most a download's
     /// buffer or a decoder of this dataset takes at once.
     wait_room: u64,
@@ -196,6 +200,7 @@ impl SampleStream {
             whole: HashMap::new(),
             whole_bytes: 0,
             whole_limit,
+            whole_after: u64::from(plan.world.batch_size()),
             wait_room,
             current: None,
             last: None,
@@ -496,7 +501,7 @@ impl SampleStream {
     /// is small, complete, and fits now (`None`: read the sample alone).
     fn read_whole(&mut self, shard: u32, h: &ShardHandle, i: u64) -> Result<Option<RawSample>> {
         let n = h.num_samples();
-        if self.whole_limit == 0 || n == 0 || !h.is_complete() {
+        if self.whole_limit == 0 || self.next < self.whole_after || n == 0 || !h.is_complete() {
             return Ok(None);
         }
         let start = h.sample_range(0)?.start;
