@@ -12,8 +12,8 @@ use std::path::Path;
 
 use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
 use shardstream_storage::Location;
-use shardstream_streamer::order::{OrderConfig, Rank, World};
-use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
+use shardstream_streamer::order::{OrderConfig, World};
+use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
 
 fn config(cache_root: &Path) -> StreamingConfig {
     StreamingConfig {
@@ -263,37 +263,21 @@ fn two_streams_mixed_by_repeat_and_choose_deterministic_and_resumable() {
     assert_eq!(run(350), first[350..].to_vec(), "resume continues exactly");
 }
 
-/// One rank's shuffled epoch: checks every sample's bytes and that each is seen once; returns
-/// the `pread`s the stream made.
+/// One rank's shuffled epoch, checked as `stream_world` checks (every sample once, with its
+/// bytes); returns the `pread`s the stream made.
 fn shuffled_epoch_reads(ds: &StreamingDataset, spec: &Spec) -> u64 {
-    let world = World::new(1, 1, 1, 1).unwrap();
-    let plan = StreamPlan {
-        order: OrderConfig {
-            window: 4,
-            lanes: 1,
-            ..shuffled()
-        },
-        epoch: 2,
-        world,
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
+    let order = OrderConfig {
+        window: 4,
+        lanes: 1,
+        ..shuffled()
     };
     let before = ds.metrics().sample_reads;
-    let mut seen = vec![0u32; spec.samples as usize];
-    for item in ds.stream(plan).unwrap() {
-        let item = item.unwrap();
-        check_sample(
-            item.index,
-            &item.sample.decode().unwrap(),
-            spec.sample_bytes,
-        );
-        seen[item.index as usize] += 1;
-    }
-    assert!(seen.iter().all(|&n| n == 1), "every sample exactly once");
+    stream_world(
+        ds,
+        order,
+        World::new(1, 1, 1, 1).unwrap(),
+        spec.sample_bytes,
+    );
     assert_eq!(ds.metrics().memory_in_use, 0, "the budget is given back");
     ds.metrics().sample_reads - before
 }

@@ -22,6 +22,15 @@ pub(crate) struct Lease {
     _fetch: Option<OwnedSemaphorePermit>,
 }
 
+impl Lease {
+    fn of(permit: Option<OwnedSemaphorePermit>) -> Lease {
+        Lease {
+            _permit: permit,
+            _fetch: None,
+        }
+    }
+}
+
 /// The shared byte budget.
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
@@ -87,19 +96,13 @@ impl Budget {
     ) -> Result<Lease> {
         let n = self.check(what, bytes)?;
         if n == 0 {
-            return Ok(Lease {
-                _permit: None,
-                _fetch: None,
-            });
+            return Ok(Lease::of(None));
         }
         let permit = Arc::clone(&self.sem)
             .acquire_many_owned(n)
             .await
             .map_err(|_| StreamerError::Engine("memory budget closed".into()))?;
-        Ok(Lease {
-            _permit: Some(permit),
-            _fetch: None,
-        })
+        Ok(Lease::of(Some(permit)))
     }
 
     /// [`Budget::acquire`] for a download's buffer: also inside the fetch allowance, so that
@@ -136,16 +139,10 @@ impl Budget {
     pub(crate) fn try_acquire(&self, bytes: u64) -> Option<Lease> {
         let n = u32::try_from(bytes).ok().filter(|_| bytes <= self.limit)?;
         if n == 0 {
-            return Some(Lease {
-                _permit: None,
-                _fetch: None,
-            });
+            return Some(Lease::of(None));
         }
         let permit = Arc::clone(&self.sem).try_acquire_many_owned(n).ok()?;
-        Some(Lease {
-            _permit: Some(permit),
-            _fetch: None,
-        })
+        Some(Lease::of(Some(permit)))
     }
 
     /// [`Budget::acquire`] for a plain thread (the consumer's).
@@ -154,18 +151,9 @@ impl Budget {
         what: &(dyn Fn() -> String + Sync),
         bytes: u64,
     ) -> Result<Lease> {
-        let n = self.check(what, bytes)?;
-        if n == 0 {
-            return Ok(Lease {
-                _permit: None,
-                _fetch: None,
-            });
-        }
-        if let Ok(permit) = Arc::clone(&self.sem).try_acquire_many_owned(n) {
-            return Ok(Lease {
-                _permit: Some(permit),
-                _fetch: None,
-            });
+        self.check(what, bytes)?;
+        if let Some(lease) = self.try_acquire(bytes) {
+            return Ok(lease);
         }
         futures::executor::block_on(self.acquire(what, bytes))
     }

@@ -414,24 +414,15 @@ impl SampleStream {
     fn read_sample(&mut self, shard: u32, i: u64) -> Result<RawSample> {
         if let Some(w) = self.whole.get(&shard) {
             let (base, buf) = (w.base, Arc::clone(&w.buf));
-            let h = self.handle(shard)?;
-            let range = h.sample_range(i)?;
-            let lo = (range.start - base) as usize;
-            let hi = (range.end - base) as usize;
-            return h.raw_sample(i, buf, lo..hi);
+            return cut(&self.handle(shard)?, i, base, buf);
         }
         let buffered = self
             .read
             .as_ref()
-            .is_some_and(|r| r.shard == shard && (r.first..r.last).contains(&i));
-        if buffered {
-            let h = self.handle(shard)?;
-            if let Some(r) = &self.read {
-                let range = h.sample_range(i)?;
-                let lo = (range.start - r.base) as usize;
-                let hi = (range.end - r.base) as usize;
-                return h.raw_sample(i, Arc::clone(&r.buf), lo..hi);
-            }
+            .filter(|r| r.shard == shard && (r.first..r.last).contains(&i))
+            .map(|r| (r.base, Arc::clone(&r.buf)));
+        if let Some((base, buf)) = buffered {
+            return cut(&self.handle(shard)?, i, base, buf);
         }
         // Give the read buffer's bytes back to the budget before waiting for a fetch that may
         // need them. Its allocation returns to the dataset's `read_buffers` once the consumer
@@ -480,12 +471,8 @@ impl SampleStream {
                 self.ds.budget.acquire_blocking(&what, bytes)?
             }
         };
-        let mut vec = self.ds.read_buffers.take(bytes as usize);
-        let base = h.read_run(i, last, &mut vec)?;
-        Metrics::add(&self.ds.metrics.sample_reads, 1);
-        let buf = Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers));
-        let len = (first.end - first.start) as usize;
-        let sample = h.raw_sample(i, Arc::clone(&buf), 0..len)?;
+        let (base, buf) = self.read_pooled(&h, i, last, bytes)?;
+        let sample = cut(&h, i, base, Arc::clone(&buf))?;
         self.read = Some(ReadBuf {
             shard,
             first: i,
@@ -512,16 +499,8 @@ impl SampleStream {
         let Some(lease) = self.ds.budget.try_acquire(bytes) else {
             return Ok(None);
         };
-        let mut vec = self.ds.read_buffers.take(bytes as usize);
-        let base = h.read_run(0, n, &mut vec)?;
-        Metrics::add(&self.ds.metrics.sample_reads, 1);
-        let buf = Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers));
-        let range = h.sample_range(i)?;
-        let sample = h.raw_sample(
-            i,
-            Arc::clone(&buf),
-            (range.start - base) as usize..(range.end - base) as usize,
-        )?;
+        let (base, buf) = self.read_pooled(h, 0, n, bytes)?;
+        let sample = cut(h, i, base, Arc::clone(&buf))?;
         self.whole.insert(
             shard,
             WholeShard {
@@ -533,6 +512,24 @@ impl SampleStream {
         );
         self.whole_bytes += bytes;
         Ok(Some(sample))
+    }
+
+    /// Reads samples `first..last` (`bytes` of them) with one `pread` into an allocation from
+    /// the dataset's pool; returns the file offset of its first byte and the buffer.
+    fn read_pooled(
+        &self,
+        h: &ShardHandle,
+        first: u64,
+        last: u64,
+        bytes: u64,
+    ) -> Result<(u64, Arc<PooledBuffer>)> {
+        let mut vec = self.ds.read_buffers.take(bytes as usize);
+        let base = h.read_run(first, last, &mut vec)?;
+        Metrics::add(&self.ds.metrics.sample_reads, 1);
+        Ok((
+            base,
+            Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers)),
+        ))
     }
 
     fn step(&mut self) -> Result<Option<StreamedSample>> {
@@ -575,6 +572,14 @@ impl SampleStream {
             padding,
         }))
     }
+}
+
+/// Sample `i` of `h` out of a buffer that holds the shard file's bytes from offset `base`.
+fn cut(h: &ShardHandle, i: u64, base: u64, buf: Arc<PooledBuffer>) -> Result<RawSample> {
+    let range = h.sample_range(i)?;
+    let lo = (range.start - base) as usize;
+    let hi = (range.end - base) as usize;
+    h.raw_sample(i, buf, lo..hi)
 }
 
 impl Iterator for SampleStream {
