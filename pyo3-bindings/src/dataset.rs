@@ -141,6 +141,7 @@ fn order_config(
     window: u32,
     lanes: u32,
     remainder: &str,
+    ramp: bool,
 ) -> PyResult<OrderConfig> {
     let config = OrderConfig {
         seed,
@@ -148,6 +149,7 @@ fn order_config(
         window,
         lanes,
         remainder: remainder_of(remainder)?,
+        ramp,
     };
     config.validate().map_err(from_streamer)?;
     Ok(config)
@@ -289,7 +291,7 @@ impl NativeDataset {
     }
 
     /// The number of global positions of an epoch under this order (before padding).
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch))]
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn epoch_len(
         &self,
@@ -300,14 +302,15 @@ impl NativeDataset {
         lanes: u32,
         remainder: &str,
         epoch: u64,
+        ramp: bool,
     ) -> PyResult<u64> {
-        let config = order_config(seed, shuffle, window, lanes, remainder)?;
+        let config = order_config(seed, shuffle, window, lanes, remainder, ramp)?;
         let order = self.epoch_order(py, &config, epoch)?;
         Ok(order.global_len())
     }
 
     /// A `StreamState` as JSON text: the position after `consumed` global positions of `epoch`.
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed))]
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed, ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn state_json(
         &self,
@@ -319,15 +322,16 @@ impl NativeDataset {
         remainder: &str,
         epoch: u64,
         consumed: u64,
+        ramp: bool,
     ) -> PyResult<String> {
-        let config = order_config(seed, shuffle, window, lanes, remainder)?;
+        let config = order_config(seed, shuffle, window, lanes, remainder, ramp)?;
         let order = self.epoch_order(py, &config, epoch)?;
         serde_json::to_string(&StreamState::new(&order, consumed))
             .map_err(|e| PyValueError::new_err(format!("cannot serialise the stream state: {e}")))
     }
 
     /// Checks a `StreamState` JSON against this dataset; returns
-    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len)`.
+    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp)`.
     fn parse_state<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyTuple>> {
         let state: StreamState = serde_json::from_str(text)
             .map_err(|e| PyValueError::new_err(format!("invalid stream state: {e}")))?;
@@ -344,6 +348,7 @@ impl NativeDataset {
             state.epoch,
             state.consumed,
             order.global_len(),
+            c.ramp,
         )
             .into_pyobject(py)
     }
@@ -372,7 +377,8 @@ impl NativeDataset {
     /// Streams one rank's part of an epoch. `raw=True` yields column batches for
     /// `NativeStream.next_columns` instead of decoded samples.
     #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
-        processes_per_node, workers, batch_size, node, local_process, worker, start, raw=false))]
+        processes_per_node, workers, batch_size, node, local_process, worker, start, raw=false,
+        ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -391,9 +397,10 @@ impl NativeDataset {
         worker: u32,
         start: u64,
         raw: bool,
+        ramp: bool,
     ) -> PyResult<NativeStream> {
         let plan = StreamPlan {
-            order: order_config(seed, shuffle, window, lanes, remainder)?,
+            order: order_config(seed, shuffle, window, lanes, remainder, ramp)?,
             epoch,
             world: World::new(nodes, processes_per_node, workers, batch_size)
                 .map_err(from_streamer)?,

@@ -22,6 +22,7 @@ fn config(shuffle: bool) -> OrderConfig {
         window: 16,
         lanes: 64,
         remainder: Remainder::Pad,
+        ramp: true,
     }
 }
 

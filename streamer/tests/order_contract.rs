@@ -35,8 +35,9 @@ fn config_strategy() -> impl Strategy<Value = OrderConfig> {
         1u32..6,
         1u32..13,
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(seed, shuffle, window, lanes, drop)| OrderConfig {
+        .prop_map(|(seed, shuffle, window, lanes, drop, ramp)| OrderConfig {
             seed,
             shuffle,
             window,
@@ -46,6 +47,7 @@ fn config_strategy() -> impl Strategy<Value = OrderConfig> {
             } else {
                 Remainder::Pad
             },
+            ramp,
         })
 }
 
@@ -193,6 +195,24 @@ proptest! {
             Remainder::Drop => Partition::new(n, after, loaded.consumed, Remainder::Drop).end(),
         };
         prop_assert_eq!(all, (0..end).collect::<Vec<_>>(), "lost or repeated samples");
+    }
+
+    #[test]
+    fn the_ramp_reads_the_first_shard_alone(
+        sizes in prop::collection::vec(1u64..30, 3..40),
+        seed in any::<u64>(),
+        window in 3u32..20,
+        epoch in 0u64..4,
+    ) {
+        let shape = DatasetShape::single(sizes).unwrap();
+        let config = OrderConfig { seed, shuffle: true, window, ..OrderConfig::default() };
+        prop_assert!(config.ramp, "the ramp is on by default");
+        let order = EpochOrder::new(&shape, &config, epoch).unwrap();
+        let shard_at = |p: u64| order.sample_at(p).unwrap().shard;
+        let first = shard_at(0);
+        let first_len = shape.shard_len(first).unwrap();
+        let head: BTreeSet<u32> = (0..first_len).map(shard_at).collect();
+        prop_assert_eq!(&head, &BTreeSet::from([first]), "the first block is one shard");
     }
 
     #[test]

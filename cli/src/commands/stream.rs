@@ -62,6 +62,10 @@ pub struct StreamArgs {
     /// Shards per shuffle block.
     #[arg(long)]
     pub window: Option<u32>,
+    /// Full-size shuffle blocks from the start of each lane, without the ramp of 1, 2, 4, ...
+    /// shards that gets the first samples out sooner (see docs/sample-order.md).
+    #[arg(long)]
+    pub no_ramp: bool,
     /// Lanes of the order (like Mosaic's num_canonical_nodes); default: the number of nodes.
     #[arg(long)]
     pub lanes: Option<u32>,
@@ -136,6 +140,7 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         shuffle: args.shuffle,
         window: args.window.unwrap_or(OrderConfig::DEFAULT_WINDOW),
         lanes: args.lanes.unwrap_or(nodes),
+        ramp: !args.no_ramp,
         ..OrderConfig::default()
     };
     let plan = StreamPlan {

@@ -55,7 +55,14 @@ class NativeDataset:
     def stream_sizes(self) -> list[tuple[int, int]]: ...
     def get(self, index: int) -> dict[str, Any]: ...
     def epoch_len(
-        self, seed: int, shuffle: bool, window: int, lanes: int, remainder: str, epoch: int
+        self,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        lanes: int,
+        remainder: str,
+        epoch: int,
+        ramp: bool = ...,
     ) -> int: ...
     def state_json(
         self,
@@ -66,8 +73,9 @@ class NativeDataset:
         remainder: str,
         epoch: int,
         consumed: int,
+        ramp: bool = ...,
     ) -> str: ...
-    def parse_state(self, text: str) -> tuple[int, bool, int, int, str, int, int, int]: ...
+    def parse_state(self, text: str) -> tuple[int, bool, int, int, str, int, int, int, bool]: ...
     def metrics(self) -> dict[str, int | float]: ...
     def stream(
         self,
@@ -87,6 +95,7 @@ class NativeDataset:
         worker: int,
         start: int,
         raw: bool = ...,
+        ramp: bool = ...,
     ) -> NativeStream: ...
 
 class NativeStream:

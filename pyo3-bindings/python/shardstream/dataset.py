@@ -100,6 +100,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         validate_hash: str | bool | None = None,
         allow_unsafe_types: bool = False,
         shuffle_window: int | None = None,
+        shuffle_ramp: bool = True,
         remainder: str = "pad",
         cache_root: str | None = None,
         run_id: str | None = None,
@@ -163,6 +164,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._native_pid: int | None = None
         self._shuffle_window = shuffle_window
         self._window: int | None = None
+        self._ramp = bool(shuffle_ramp)
         self._lanes: int | None = num_canonical_nodes
         self._epoch = 0
         self._resume_start = 0  # positions of self._epoch consumed before this run
@@ -239,6 +241,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             window=self._window,
             lanes=self._lanes,
             remainder=self.remainder,
+            ramp=self._ramp,
         )
 
     def __len__(self) -> int:
@@ -310,10 +313,10 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """Continues from a `state_dict` (also one saved by a job of another size): the next
         iteration starts at the first sample the saved job had not consumed."""
         if "shardstream" in obj:
-            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len = (
+            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp = (
                 self._native().parse_state(json.dumps(obj["shardstream"]))
             )
-            self.shuffle_seed, self.shuffle = seed, shuffle
+            self.shuffle_seed, self.shuffle, self._ramp = seed, shuffle, ramp
             self._window, self._lanes, self.remainder = window, lanes, remainder
         else:  # a Mosaic-style dict
             self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))

@@ -1,6 +1,8 @@
 //! The run-level settings that fix the global order. None of them is a property of the world
 //! (nodes, processes, workers); they are chosen once per run and recorded in every saved state.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StreamerError};
@@ -34,6 +36,13 @@ pub struct OrderConfig {
     pub lanes: u32,
     /// How the end of an epoch is evened out across processes.
     pub remainder: Remainder,
+    /// Ramp the blocks up at the start of each lane: its first blocks hold 1, 2, 4, ... units,
+    /// while that is less than `window`. An epoch's first samples then come from one shard
+    /// instead of a whole window of them, which a cold start (and each DataLoader worker's first
+    /// batch) would wait for. A state saved before this setting existed has none and loads
+    /// with `false`, so it resumes in the order it was saved in.
+    #[serde(default)]
+    pub ramp: bool,
 }
 
 impl OrderConfig {
@@ -58,6 +67,39 @@ impl OrderConfig {
         }
         Ok(())
     }
+
+    /// Blocks in the ramp at the start of a lane: those of 1, 2, 4, ... units smaller than
+    /// `window` (none without `ramp`).
+    fn ramp_blocks(&self) -> usize {
+        if self.ramp {
+            (u32::BITS - self.window.saturating_sub(1).leading_zeros()) as usize
+        } else {
+            0
+        }
+    }
+
+    /// The units of a lane's block `j`, counted from the lane's first unit.
+    pub(crate) fn block_units(&self, j: usize) -> Range<usize> {
+        let ramp = self.ramp_blocks();
+        if j < ramp {
+            return (1 << j) - 1..(1 << (j + 1)) - 1;
+        }
+        let window = self.window.max(1) as usize;
+        let start = ((1usize << ramp) - 1).saturating_add((j - ramp).saturating_mul(window));
+        start..start.saturating_add(window)
+    }
+
+    /// The block of a lane that holds its unit `offset` (counted from the lane's first unit).
+    pub(crate) fn block_of_unit(&self, offset: usize) -> usize {
+        let ramp = self.ramp_blocks();
+        let ramp_units = (1usize << ramp) - 1;
+        if offset < ramp_units {
+            // Block j of the ramp holds the offsets 2^j - 1 ..= 2^(j+1) - 2.
+            (usize::BITS - 1 - (offset + 1).leading_zeros()) as usize
+        } else {
+            ramp + (offset - ramp_units) / self.window.max(1) as usize
+        }
+    }
 }
 
 impl Default for OrderConfig {
@@ -68,6 +110,61 @@ impl Default for OrderConfig {
             window: Self::DEFAULT_WINDOW,
             lanes: 1,
             remainder: Remainder::Pad,
+            ramp: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(window: u32, ramp: bool) -> OrderConfig {
+        OrderConfig {
+            window,
+            ramp,
+            ..OrderConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_ramp_doubles_blocks_up_to_the_window() {
+        let sizes = |c: &OrderConfig| (0..7).map(|j| c.block_units(j).len()).collect::<Vec<_>>();
+        assert_eq!(sizes(&config(16, true)), [1, 2, 4, 8, 16, 16, 16]);
+        assert_eq!(sizes(&config(5, true)), [1, 2, 4, 5, 5, 5, 5]);
+        assert_eq!(sizes(&config(1, true)), [1; 7]);
+        assert_eq!(sizes(&config(16, false)), [16; 7]);
+        assert_eq!(config(16, true).block_units(4), 15..31);
+    }
+
+    #[test]
+    fn blocks_tile_the_lane_and_each_unit_finds_its_block() {
+        for window in [1, 2, 3, 4, 5, 8, 16, 17, 100] {
+            for ramp in [false, true] {
+                let c = config(window, ramp);
+                let mut next = 0;
+                for j in 0..40 {
+                    let units = c.block_units(j);
+                    assert_eq!(units.start, next, "window {window} ramp {ramp} block {j}");
+                    assert!(!units.is_empty() && units.len() <= window as usize);
+                    for u in units.clone() {
+                        assert_eq!(
+                            c.block_of_unit(u),
+                            j,
+                            "window {window} ramp {ramp} unit {u}"
+                        );
+                    }
+                    next = units.end;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_state_without_the_ramp_setting_loads_without_ramp() {
+        let old = r#"{"seed":1,"shuffle":true,"window":16,"lanes":1,"remainder":"pad"}"#;
+        let c: OrderConfig = serde_json::from_str(old).unwrap();
+        assert!(!c.ramp);
+        assert!(OrderConfig::default().ramp);
     }
 }

@@ -5,9 +5,9 @@
 //!    with a seeded Fisher–Yates and laid end to end: a sequence of `N` samples.
 //! 2. The sequence is cut into `lanes` contiguous runs; lane `c` has `ceil((N - c) / lanes)`
 //!    samples, so position `p` of the global order is sample `p / lanes` of lane `p % lanes`.
-//! 3. Each lane is cut into blocks of `window` consecutive units (the first and last block of a
-//!    lane may hold parts of units); inside a block, samples are permuted by a keyed Feistel
-//!    permutation.
+//! 3. Each lane is cut into blocks of consecutive units: `window` of them, after a ramp of 1, 2,
+//!    4, ... units at the lane's start when `ramp` is on (the first and last block of a lane may
+//!    hold parts of units); inside a block, samples are permuted by a keyed Feistel permutation.
 //!
 //! Without `shuffle`, steps 1 and 3 keep the natural order; the lanes remain.
 
@@ -178,15 +178,15 @@ impl EpochOrder {
     /// The block of lane `c` (spanning `lane`) that holds unit `unit`, with its index in the lane.
     pub(crate) fn block_of(&self, c: u64, lane: &Range<u64>, unit: usize) -> (u64, Block) {
         let first = self.lane_first_unit.get(c as usize).copied().unwrap_or(0);
-        let j = (unit - first) / self.config.window as usize;
+        let j = self.config.block_of_unit(unit - first);
         (j as u64, self.block(first, lane, j))
     }
 
     /// Block `j` of the lane that spans `lane` and begins in unit `first`.
     pub(crate) fn block(&self, first: usize, lane: &Range<u64>, j: usize) -> Block {
-        let window = self.config.window as usize;
-        let u0 = (first + j * window).min(self.units.len());
-        let u1 = (u0 + window).min(self.units.len());
+        let span = self.config.block_units(j);
+        let u0 = first.saturating_add(span.start).min(self.units.len());
+        let u1 = first.saturating_add(span.end).min(self.units.len());
         let start = self.starts[u0].max(lane.start);
         let end = self.starts[u1].min(lane.end);
         Block {

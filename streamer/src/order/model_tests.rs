@@ -50,8 +50,9 @@ pub(crate) fn config_strategy() -> impl Strategy<Value = OrderConfig> {
         1u32..6,
         1u32..10,
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(seed, shuffle, window, lanes, drop)| OrderConfig {
+        .prop_map(|(seed, shuffle, window, lanes, drop, ramp)| OrderConfig {
             seed,
             shuffle,
             window,
@@ -61,6 +62,7 @@ pub(crate) fn config_strategy() -> impl Strategy<Value = OrderConfig> {
             } else {
                 Remainder::Pad
             },
+            ramp,
         })
 }
 

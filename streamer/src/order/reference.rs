@@ -85,10 +85,27 @@ pub(crate) fn naive_order(shape: &DatasetShape, config: &OrderConfig, epoch: u64
         let lane = &seq[at..at + len];
         at += len;
         let mut out = Vec::with_capacity(len);
-        // Blocks: runs of samples whose unit lies in the same group of `window` units of the lane.
+        // Blocks: runs of samples whose unit lies in the same block of the lane: the ramp of 1, 2,
+        // 4, ... units, then groups of `window`, written out here by counting.
+        let group = |u: usize| {
+            let window = config.window as usize;
+            let (mut offset, mut j, mut ramp_size) = (u - lane[0].0, 0, 1usize);
+            loop {
+                let size = if config.ramp && ramp_size < window {
+                    ramp_size
+                } else {
+                    window
+                };
+                if offset < size {
+                    return j;
+                }
+                offset -= size;
+                j += 1;
+                ramp_size = ramp_size.saturating_mul(2);
+            }
+        };
         let mut i = 0;
         while i < lane.len() {
-            let group = |u: usize| (u - lane[0].0) / config.window as usize;
             let g = group(lane[i].0);
             let mut e = i;
             while e < lane.len() && group(lane[e].0) == g {
