@@ -71,3 +71,35 @@ def test_a_str_decimal_column_still_decodes_to_a_decimal(tmp_path, stream_env):
     [sample] = list(shardstream.StreamingDataset(local=str(root)))
     assert isinstance(sample["d"], Decimal)
     assert sample["d"] == Decimal("3.14159265358979323846")
+
+
+WORKER_CHILD = r"""
+import sys
+import shardstream
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+class WorkerModules(IterableDataset):
+    def __iter__(self):
+        yield get_worker_info().id
+
+ds = shardstream.StreamingDataset(local=sys.argv[1])
+print("numpy.random" in sys.modules)
+print(sorted(int(w) for w in DataLoader(WorkerModules(), batch_size=None, num_workers=2)))
+"""
+
+
+def test_forked_workers_inherit_numpy_random(tmp_path, stream_env):
+    """torch seeds `numpy.random` in each DataLoader worker once numpy is loaded, importing it
+    in the worker (12-15 ms per worker per epoch) if the parent had not; `import shardstream`
+    imports it once in the parent instead."""
+    root = tmp_path / "mds"
+    write_ids(root, 4)
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER_CHILD, str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **stream_env},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "[0,", "1]"], proc.stdout
