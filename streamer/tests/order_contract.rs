@@ -285,7 +285,8 @@ proptest! {
             for window in stream.windows(k) {
                 let shards: BTreeSet<u32> = window.iter().map(|s| s.sample.shard).collect();
                 // Per lane read: a lane's blocks hold `w` whole shards (>= w * min_shard samples),
-                // except a lane's first and last block, so `l` lane samples touch at most
+                // except its ramp (blocks of 1, 2, 4, ... shards, fewer than `w` together) and its
+                // first and last block, so `l` lane samples touch at most
                 // w * (ceil(l / (w * min_shard)) + 2) shards.
                 let mut per_lane: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
                 for s in window.iter().filter(|s| !s.padding) {
@@ -457,6 +458,49 @@ fn more_processes_than_samples_still_balances() {
     assert!(streams.values().all(|s| s.len() == 1));
     assert_eq!(streams.values().filter(|s| s[0].padding).count(), 5);
     assert!(streams.values().all(|s| s[0].sample.sample < 3));
+}
+
+#[test]
+fn a_state_with_the_ramp_is_version_2_and_one_without_stays_version_1() {
+    // Builds before the ramp read only version 1 and would ignore `ramp`: a state with the ramp
+    // must be one they refuse, and one without it one they can still resume.
+    let shape = DatasetShape::single(vec![10; 40]).unwrap();
+    let ramped = OrderConfig {
+        shuffle: true,
+        ..OrderConfig::default()
+    };
+    let flat = OrderConfig {
+        ramp: false,
+        ..ramped
+    };
+    let order = EpochOrder::new(&shape, &ramped, 0).unwrap();
+    let with_ramp = StreamState::new(&order, 5);
+    assert_eq!(with_ramp.version, 2);
+    let flat_order = EpochOrder::new(&shape, &flat, 0).unwrap();
+    let without = StreamState::new(&flat_order, 5);
+    assert_eq!(without.version, 1);
+    // What a build before the ramp wrote: version 1, no `ramp` field.
+    let mut old = serde_json::to_value(&without).unwrap();
+    old["config"].as_object_mut().unwrap().remove("ramp");
+    let old: StreamState = serde_json::from_value(old).unwrap();
+    let resumed = old.resume(&shape).unwrap();
+    let at = |o: &EpochOrder| {
+        (0..o.global_len())
+            .map(|p| o.sample_at(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(at(&resumed), at(&flat_order));
+    assert_ne!(at(&resumed), at(&order));
+    assert_eq!(at(&with_ramp.resume(&shape).unwrap()), at(&order));
+    // Version 1 with the ramp on is nothing any build wrote.
+    let forged = StreamState {
+        version: 1,
+        ..with_ramp
+    };
+    assert!(matches!(
+        forged.resume(&shape),
+        Err(StreamerError::UnsupportedStateVersion { found: 1, .. })
+    ));
 }
 
 #[test]

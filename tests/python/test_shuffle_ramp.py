@@ -53,6 +53,7 @@ def test_a_shuffled_epoch_starts_with_one_shard_then_two(tmp_path, stream_env):
     block = shards[first_len:end + 1]
     assert block != sorted(block) and block != sorted(block, reverse=True), "two shards, not mixed"
 
+
 def test_without_the_ramp_the_first_batch_mixes_the_window(tmp_path, stream_env):
     root, starts = _dataset(tmp_path)
     ds = shardstream.StreamingDataset(
@@ -77,6 +78,12 @@ def test_a_state_without_the_ramp_resumes_without_it(tmp_path, stream_env):
     flat.set_epoch(0)
     state = flat.state_dict(num_samples=120, from_beginning=True)
     assert state["shardstream"]["config"]["ramp"] is False
+    # Version 1, which builds before the ramp read; a state with the ramp is version 2, which
+    # they refuse instead of resuming it in their order.
+    assert state["shardstream"]["version"] == 1
+    assert shardstream.StreamingDataset(
+        local=str(root), shuffle=True, batch_size=BATCH
+    ).state_dict(num_samples=0)["shardstream"]["version"] == 2
     # A state written before the setting existed has no `ramp` at all.
     old = json.loads(json.dumps(state))
     del old["shardstream"]["config"]["ramp"]

@@ -21,14 +21,17 @@ from shardstream.streams import Stream
 
 try:  # torch is optional: without it the dataset is a plain iterable.
     from torch.utils.data import IterableDataset as _Base
-
+except ImportError:  # pragma: no cover - exercised only where torch is absent
+    _Base = object  # type: ignore[assignment,misc]
+else:
     # torch's DataLoader worker loop seeds `numpy.random` in every worker once numpy is loaded
     # (and this module loads it), importing `numpy.random` there if the parent had not: 12-15 ms
     # per worker, every epoch, before the worker's first sample. Imported once here, forked
-    # workers inherit it.
-    import numpy.random  # noqa: F401
-except ImportError:  # pragma: no cover - exercised only where torch is absent
-    _Base = object  # type: ignore[assignment,misc]
+    # workers inherit it. Only a speed-up: a numpy without it is torch's problem, not ours.
+    try:
+        import numpy.random  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
 
 DEFAULT_SEED = 9176
 DEFAULT_WINDOW = 16
@@ -86,6 +89,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     read-only `shardstream.Buffer`s over the engine's read (no copy) instead of `bytes`. See
     docs/python.md for every argument and for resume.
     """
+
+    _ramp = True  # instances pickled before `shuffle_ramp` existed have no attribute of their own
 
     def __init__(
         self,

@@ -56,7 +56,7 @@ const DECODER_SLACK: u64 = 4 << 20;
 /// What to stream: the order's settings, the epoch, the world and this rank, and where to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamPlan {
-    /// Seed, shuffle, window, lanes, remainder (fixed for a run).
+    /// Seed, shuffle, window, lanes, remainder, ramp (fixed for a run).
     pub order: OrderConfig,
     /// The epoch.
     pub epoch: u64,

@@ -67,37 +67,56 @@ impl OrderConfig {
         }
         Ok(())
     }
+}
 
-    /// Blocks in the ramp at the start of a lane: those of 1, 2, 4, ... units smaller than
-    /// `window` (none without `ramp`).
-    fn ramp_blocks(&self) -> usize {
-        if self.ramp {
-            (u32::BITS - self.window.saturating_sub(1).leading_zeros()) as usize
+/// How one epoch cuts each lane into shuffle blocks: first the ramp's blocks of 1, 2, 4, ...
+/// units, then blocks of `window` units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    window: usize,
+    ramp_blocks: usize,
+}
+
+impl BlockLayout {
+    /// The layout of `config` for lanes of about `lane_units` units each. With `ramp`, the ramp
+    /// holds the blocks of 1, 2, 4, ... units that are smaller than `window`, but it covers at
+    /// most half of `lane_units`: on a small dataset (few shards per lane) most of an epoch is
+    /// still mixed in full blocks.
+    pub(crate) fn new(config: &OrderConfig, lane_units: usize) -> Self {
+        let ramp_blocks = if config.ramp {
+            let below_window =
+                (u32::BITS - config.window.saturating_sub(1).leading_zeros()) as usize;
+            // The ramp's first r blocks hold 2^r - 1 units: at most lane_units / 2.
+            let within_half = (usize::BITS - 1 - (lane_units / 2 + 1).leading_zeros()) as usize;
+            below_window.min(within_half)
         } else {
             0
+        };
+        Self {
+            window: config.window.max(1) as usize,
+            ramp_blocks,
         }
     }
 
     /// The units of a lane's block `j`, counted from the lane's first unit.
     pub(crate) fn block_units(&self, j: usize) -> Range<usize> {
-        let ramp = self.ramp_blocks();
+        let ramp = self.ramp_blocks;
         if j < ramp {
             return (1 << j) - 1..(1 << (j + 1)) - 1;
         }
-        let window = self.window.max(1) as usize;
-        let start = ((1usize << ramp) - 1).saturating_add((j - ramp).saturating_mul(window));
-        start..start.saturating_add(window)
+        let start = ((1usize << ramp) - 1).saturating_add((j - ramp).saturating_mul(self.window));
+        start..start.saturating_add(self.window)
     }
 
     /// The block of a lane that holds its unit `offset` (counted from the lane's first unit).
     pub(crate) fn block_of_unit(&self, offset: usize) -> usize {
-        let ramp = self.ramp_blocks();
+        let ramp = self.ramp_blocks;
         let ramp_units = (1usize << ramp) - 1;
         if offset < ramp_units {
             // Block j of the ramp holds the offsets 2^j - 1 ..= 2^(j+1) - 2.
             (usize::BITS - 1 - (offset + 1).leading_zeros()) as usize
         } else {
-            ramp + (offset - ramp_units) / self.window.max(1) as usize
+            ramp + (offset - ramp_units) / self.window
         }
     }
 }
@@ -129,32 +148,59 @@ mod tests {
 
     #[test]
     fn the_ramp_doubles_blocks_up_to_the_window() {
-        let sizes = |c: &OrderConfig| (0..7).map(|j| c.block_units(j).len()).collect::<Vec<_>>();
-        assert_eq!(sizes(&config(16, true)), [1, 2, 4, 8, 16, 16, 16]);
-        assert_eq!(sizes(&config(5, true)), [1, 2, 4, 5, 5, 5, 5]);
-        assert_eq!(sizes(&config(1, true)), [1; 7]);
-        assert_eq!(sizes(&config(16, false)), [16; 7]);
-        assert_eq!(config(16, true).block_units(4), 15..31);
+        let sizes = |c: &OrderConfig, lane_units: usize| {
+            let layout = BlockLayout::new(c, lane_units);
+            (0..7)
+                .map(|j| layout.block_units(j).len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(&config(16, true), 1000), [1, 2, 4, 8, 16, 16, 16]);
+        assert_eq!(sizes(&config(5, true), 1000), [1, 2, 4, 5, 5, 5, 5]);
+        assert_eq!(sizes(&config(1, true), 1000), [1; 7]);
+        assert_eq!(sizes(&config(16, false), 1000), [16; 7]);
+        assert_eq!(
+            BlockLayout::new(&config(16, true), 1000).block_units(4),
+            15..31
+        );
+    }
+
+    #[test]
+    fn the_ramp_covers_at_most_half_a_lane() {
+        let sizes = |lane_units: usize| {
+            let layout = BlockLayout::new(&config(16, true), lane_units);
+            (0..5)
+                .map(|j| layout.block_units(j).len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(30), [1, 2, 4, 8, 16]); // 15 units of 30
+        assert_eq!(sizes(29), [1, 2, 4, 16, 16]); // 7 of 29
+        assert_eq!(sizes(12), [1, 2, 16, 16, 16]); // 3 of 12
+        assert_eq!(sizes(2), [1, 16, 16, 16, 16]);
+        assert_eq!(sizes(1), [16; 5]);
+        assert_eq!(sizes(0), [16; 5]);
     }
 
     #[test]
     fn blocks_tile_the_lane_and_each_unit_finds_its_block() {
         for window in [1, 2, 3, 4, 5, 8, 16, 17, 100] {
             for ramp in [false, true] {
-                let c = config(window, ramp);
-                let mut next = 0;
-                for j in 0..40 {
-                    let units = c.block_units(j);
-                    assert_eq!(units.start, next, "window {window} ramp {ramp} block {j}");
-                    assert!(!units.is_empty() && units.len() <= window as usize);
-                    for u in units.clone() {
-                        assert_eq!(
-                            c.block_of_unit(u),
-                            j,
-                            "window {window} ramp {ramp} unit {u}"
+                for lane_units in [0, 1, 2, 5, 13, 64, 10_000] {
+                    let layout = BlockLayout::new(&config(window, ramp), lane_units);
+                    let mut next = 0;
+                    for j in 0..40 {
+                        let units = layout.block_units(j);
+                        let case =
+                            format!("window {window} ramp {ramp} lane {lane_units} block {j}");
+                        assert_eq!(units.start, next, "{case}");
+                        assert!(
+                            !units.is_empty() && units.len() <= window as usize,
+                            "{case}"
                         );
+                        for u in units.clone() {
+                            assert_eq!(layout.block_of_unit(u), j, "{case} unit {u}");
+                        }
+                        next = units.end;
                     }
-                    next = units.end;
                 }
             }
         }

@@ -6,15 +6,16 @@
 //! 2. The sequence is cut into `lanes` contiguous runs; lane `c` has `ceil((N - c) / lanes)`
 //!    samples, so position `p` of the global order is sample `p / lanes` of lane `p % lanes`.
 //! 3. Each lane is cut into blocks of consecutive units: `window` of them, after a ramp of 1, 2,
-//!    4, ... units at the lane's start when `ramp` is on (the first and last block of a lane may
-//!    hold parts of units); inside a block, samples are permuted by a keyed Feistel permutation.
+//!    4, ... units at the lane's start when `ramp` is on (at most half of the lane's units; see
+//!    [`BlockLayout`]). The first and last block of a lane may hold parts of units; inside a
+//!    block, samples are permuted by a keyed Feistel permutation.
 //!
 //! Without `shuffle`, steps 1 and 3 keep the natural order; the lanes remain.
 
 use std::ops::Range;
 use std::time::Instant;
 
-use super::config::OrderConfig;
+use super::config::{BlockLayout, OrderConfig};
 use super::prp::{derive_key, tag, Feistel, SplitMix64};
 use super::shape::DatasetShape;
 use super::units::{epoch_units, subset_index, Unit};
@@ -54,6 +55,8 @@ pub struct EpochOrder {
     starts: Vec<u64>,
     /// The unit holding each lane's first sample (`units.len()` for an empty lane).
     lane_first_unit: Vec<usize>,
+    /// How this epoch cuts each lane into blocks.
+    layout: BlockLayout,
 }
 
 impl EpochOrder {
@@ -76,6 +79,7 @@ impl EpochOrder {
             at += len;
         }
         starts.push(at);
+        let units_len = units.len();
         let mut order = Self {
             config: *config,
             epoch,
@@ -83,6 +87,7 @@ impl EpochOrder {
             units,
             starts,
             lane_first_unit: Vec::new(),
+            layout: BlockLayout::new(config, units_len / config.lanes as usize),
         };
         order.lane_first_unit = (0..u64::from(config.lanes))
             .map(|c| {
@@ -178,13 +183,13 @@ impl EpochOrder {
     /// The block of lane `c` (spanning `lane`) that holds unit `unit`, with its index in the lane.
     pub(crate) fn block_of(&self, c: u64, lane: &Range<u64>, unit: usize) -> (u64, Block) {
         let first = self.lane_first_unit.get(c as usize).copied().unwrap_or(0);
-        let j = self.config.block_of_unit(unit - first);
+        let j = self.layout.block_of_unit(unit - first);
         (j as u64, self.block(first, lane, j))
     }
 
     /// Block `j` of the lane that spans `lane` and begins in unit `first`.
     pub(crate) fn block(&self, first: usize, lane: &Range<u64>, j: usize) -> Block {
-        let span = self.config.block_units(j);
+        let span = self.layout.block_units(j);
         let u0 = first.saturating_add(span.start).min(self.units.len());
         let u1 = first.saturating_add(span.end).min(self.units.len());
         let start = self.starts[u0].max(lane.start);
@@ -201,6 +206,11 @@ impl EpochOrder {
             .get(c as usize)
             .copied()
             .unwrap_or(self.units.len())
+    }
+
+    /// How this epoch cuts each lane into blocks, for planning.
+    pub(crate) fn layout(&self) -> &BlockLayout {
+        &self.layout
     }
 
     /// The unit list and its prefix sums, for planning.

@@ -1,8 +1,8 @@
 //! The sample order: which sample every rank reads, in which order, in every epoch.
 //!
 //! - [`DatasetShape`]: per-shard sample counts of one or more streams and their weights.
-//! - [`OrderConfig`]: the run's seed, shuffle, window (shards per shuffle block), lanes and
-//!   remainder rule.
+//! - [`OrderConfig`]: the run's seed, shuffle, window (shards per shuffle block), lanes,
+//!   remainder rule and ramp (smaller blocks at the start of each lane).
 //! - [`EpochOrder`]: the global order of one epoch; [`EpochOrder::sample_at`] answers any position
 //!   in O(log shards) time and O(shards) memory, with no per-sample array.
 //! - [`World`], [`Rank`], [`Partition`], [`RankIter`]: the split of the order over nodes,

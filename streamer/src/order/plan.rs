@@ -86,9 +86,9 @@ impl EpochOrder {
             let k_hi = ((p_hi - c) / lanes).min(lane_len.saturating_sub(1));
             if lane_len > 0 && k_lo <= k_hi {
                 let first_unit = self.lane_first_unit(c);
-                let config = self.config();
-                let j0 = config.block_of_unit(self.unit_at(lane.start + k_lo) - first_unit);
-                let j1 = config.block_of_unit(self.unit_at(lane.start + k_hi) - first_unit);
+                let layout = self.layout();
+                let j0 = layout.block_of_unit(self.unit_at(lane.start + k_lo) - first_unit);
+                let j1 = layout.block_of_unit(self.unit_at(lane.start + k_hi) - first_unit);
                 for j in j0..=j1 {
                     let block = self.block(first_unit, &lane, j);
                     let seq_lo = block.seq.start.max(lane.start + k_lo);

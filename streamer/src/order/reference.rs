@@ -86,22 +86,26 @@ pub(crate) fn naive_order(shape: &DatasetShape, config: &OrderConfig, epoch: u64
         at += len;
         let mut out = Vec::with_capacity(len);
         // Blocks: runs of samples whose unit lies in the same block of the lane: the ramp of 1, 2,
-        // 4, ... units, then groups of `window`, written out here by counting.
+        // 4, ... units (each smaller than `window`, all together at most half of the lane's
+        // average unit count), then groups of `window`, written out here by counting.
         let group = |u: usize| {
             let window = config.window as usize;
-            let (mut offset, mut j, mut ramp_size) = (u - lane[0].0, 0, 1usize);
+            let half = units.len() / lanes / 2;
+            let (mut offset, mut j, mut ramp_size, mut ramped) = (u - lane[0].0, 0, 1usize, 0usize);
             loop {
-                let size = if config.ramp && ramp_size < window {
-                    ramp_size
-                } else {
-                    window
-                };
+                let in_ramp = config.ramp && ramp_size < window && ramped + ramp_size <= half;
+                let size = if in_ramp { ramp_size } else { window };
                 if offset < size {
                     return j;
                 }
                 offset -= size;
                 j += 1;
-                ramp_size = ramp_size.saturating_mul(2);
+                if in_ramp {
+                    ramped += ramp_size;
+                    ramp_size = ramp_size.saturating_mul(2);
+                } else {
+                    ramp_size = usize::MAX;
+                }
             }
         };
         let mut i = 0;

@@ -15,7 +15,9 @@ use crate::error::{Result, StreamerError};
 /// checkpoint, and continue with [`StreamState::resume`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamState {
-    /// Format version of this record ([`StreamState::VERSION`]).
+    /// Format version of this record: [`StreamState::VERSION`] for an order with the ramp,
+    /// [`StreamState::VERSION_WITHOUT_RAMP`] for one without (what builds before the ramp
+    /// wrote and read, so that they can still resume it, and refuse the other).
     pub version: u32,
     /// The settings that fixed the order; a resume uses these, not the new run's.
     pub config: OrderConfig,
@@ -29,14 +31,21 @@ pub struct StreamState {
 }
 
 impl StreamState {
-    /// The version this build writes and reads.
-    pub const VERSION: u32 = 1;
+    /// The version this build writes for an order with the ramp (`OrderConfig::ramp`).
+    pub const VERSION: u32 = 2;
+    /// The version of a state without the ramp; this build reads both.
+    pub const VERSION_WITHOUT_RAMP: u32 = 1;
 
     /// The state after `consumed` positions of `order`'s epoch (capped at the epoch's length).
     pub fn new(order: &EpochOrder, consumed: u64) -> Self {
+        let config = *order.config();
         Self {
-            version: Self::VERSION,
-            config: *order.config(),
+            version: if config.ramp {
+                Self::VERSION
+            } else {
+                Self::VERSION_WITHOUT_RAMP
+            },
+            config,
             epoch: order.epoch(),
             consumed: consumed.min(order.global_len()),
             shape_fingerprint: hex(order.shape().fingerprint()),
@@ -50,7 +59,12 @@ impl StreamState {
 
     /// Checks that this state belongs to `shape` (same shards, sizes, weights and sampling).
     pub fn check(&self, shape: &DatasetShape) -> Result<()> {
-        if self.version != Self::VERSION {
+        let expected = if self.config.ramp {
+            Self::VERSION
+        } else {
+            Self::VERSION_WITHOUT_RAMP
+        };
+        if self.version != expected && self.version != Self::VERSION {
             return Err(StreamerError::UnsupportedStateVersion {
                 found: self.version,
                 supported: Self::VERSION,
