@@ -330,3 +330,49 @@ fn shuffled_stream_reads_small_shards_whole_within_the_budget() {
     );
     assert_eq!(cold.metrics().shards_fetched, shards);
 }
+
+/// A shuffled stream opens each shard once per epoch, also when the block ahead holds more
+/// shards than the stream has fetch slots: the planner's lookahead then halves, and it used to
+/// release the shards it had just started for that block, reopening every one of them at each
+/// replan (104 opens for 12 shards with the ramp's blocks of 1, 2 and 9).
+#[test]
+fn a_shuffled_epoch_opens_each_shard_once() {
+    let data = tempfile::tempdir().unwrap();
+    let spec = Spec::small(40 * 63); // 1000-byte samples, 63 per 64 KiB shard: 40 shards
+    write_dataset(data.path(), &spec);
+    let rt = runtime();
+    let server = moto_with(data.path(), &rt);
+    let cache = tempfile::tempdir().unwrap();
+    let ds = StreamingDataset::open_at(
+        StreamingConfig {
+            remote: "s3://bucket/ds".into(),
+            ..config(cache.path())
+        },
+        s3_location(&server.endpoint(), "ds"),
+    )
+    .unwrap();
+    let shards = ds.num_shards() as u64;
+    assert_eq!(shards, 40);
+    for (window, ramp) in [(16, true), (16, false), (12, true), (40, true)] {
+        let order = OrderConfig {
+            window,
+            ramp,
+            lanes: 1,
+            ..shuffled()
+        };
+        let m = ds.metrics();
+        let before = m.cache_hits + m.cache_misses;
+        stream_world(
+            &ds,
+            order,
+            World::new(1, 1, 1, 1).unwrap(),
+            spec.sample_bytes,
+        );
+        let m = ds.metrics();
+        let opens = m.cache_hits + m.cache_misses - before;
+        assert_eq!(
+            opens, shards,
+            "window {window}, ramp {ramp}: {opens} opens of {shards} shards"
+        );
+    }
+}

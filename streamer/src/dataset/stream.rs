@@ -119,6 +119,9 @@ pub struct SampleStream {
     prefetch_bytes: u64,
     /// Items to plan ahead; grows while the plan fits in `prefetch_bytes`.
     lookahead: u64,
+    /// The farthest item any plan has reached: shards started for items up to it stay held
+    /// while the lookahead shrinks.
+    planned_end: u64,
     replan_at: u64,
     read: Option<ReadBuf>,
     /// Small shards read whole (shuffled streams only), and their bytes.
@@ -195,6 +198,7 @@ impl SampleStream {
             slot_bytes: 0,
             prefetch_bytes,
             lookahead: 64,
+            planned_end: 0,
             replan_at: 0,
             read: None,
             whole: HashMap::new(),
@@ -313,7 +317,19 @@ impl SampleStream {
         let needs = self
             .order
             .shards_needed(&self.partition, self.rank, self.next..end)?;
-        let keep: std::collections::HashSet<u32> = needs.iter().map(|n| n.shard).collect();
+        // Keep what an earlier, longer plan started: when the lookahead halves (a block of more
+        // shards ahead than fetch slots), the next block's shards are still needed soon, and
+        // releasing them only to start them again reopened every shard of it at each replan.
+        self.planned_end = self.planned_end.max(end);
+        let keep: std::collections::HashSet<u32> = if self.planned_end > end {
+            self.order
+                .shards_needed(&self.partition, self.rank, self.next..self.planned_end)?
+                .iter()
+                .map(|n| n.shard)
+                .collect()
+        } else {
+            needs.iter().map(|n| n.shard).collect()
+        };
         let stale: Vec<u32> = self
             .slots
             .keys()
