@@ -37,10 +37,10 @@ pub struct OrderConfig {
     /// How the end of an epoch is evened out across processes.
     pub remainder: Remainder,
     /// Ramp the blocks up at the start of each lane: its first blocks hold 1, 2, 4, ... units,
-    /// while that is less than `window`. An epoch's first samples then come from one shard
-    /// instead of a whole window of them, which a cold start (and each DataLoader worker's first
-    /// batch) would wait for. A state saved before this setting existed has none and loads
-    /// with `false`, so it resumes in the order it was saved in.
+    /// while that is less than `window` and within half of the lane. An epoch's first samples
+    /// then come from one shard instead of a whole window of them, which a cold start (and each
+    /// DataLoader worker's first batch) would wait for. A state saved before this setting
+    /// existed has none and loads with `false`, so it resumes in the order it was saved in.
     #[serde(default)]
     pub ramp: bool,
 }
