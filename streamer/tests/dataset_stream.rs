@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
-use shardstream_storage::Location;
+use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{OrderConfig, World};
 use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
 
@@ -23,6 +23,18 @@ fn config(cache_root: &Path) -> StreamingConfig {
         memory_limit: Some(4 << 20),
         ..StreamingConfig::default()
     }
+}
+
+/// Opens the dataset `moto_with` uploaded under `ds`, with `config` (its `remote` set to it).
+fn open_on_moto(server: &MotoServer, config: StreamingConfig) -> StreamingDataset {
+    StreamingDataset::open_at(
+        StreamingConfig {
+            remote: "s3://bucket/ds".into(),
+            ..config
+        },
+        s3_location(&server.endpoint(), "ds"),
+    )
+    .unwrap()
 }
 
 fn shuffled() -> OrderConfig {
@@ -138,16 +150,13 @@ fn s3_moto_raw_and_compressed_with_hashes() {
         };
         write_dataset(data.path(), &spec);
         let server = moto_with(data.path(), &rt);
-        let location: Location = s3_location(&server.endpoint(), "ds");
-        let ds = StreamingDataset::open_at(
+        let ds = open_on_moto(
+            &server,
             StreamingConfig {
-                remote: "s3://bucket/ds".into(),
                 validate_hash: hashes,
                 ..config(cache.path())
             },
-            location,
-        )
-        .unwrap();
+        );
         check_dataset(&ds, &spec);
         let m = ds.metrics();
         let stored: u64 = std::fs::read_dir(data.path())
@@ -314,15 +323,13 @@ fn shuffled_stream_reads_small_shards_whole_within_the_budget() {
     let rt = runtime();
     let server = moto_with(data.path(), &rt);
     let cache = tempfile::tempdir().unwrap();
-    let cold = StreamingDataset::open_at(
+    let cold = open_on_moto(
+        &server,
         StreamingConfig {
-            remote: "s3://bucket/ds".into(),
             memory_limit: Some(1 << 20),
             ..config(cache.path())
         },
-        s3_location(&server.endpoint(), "ds"),
-    )
-    .unwrap();
+    );
     let reads = shuffled_epoch_reads(&cold, &spec);
     assert!(
         reads < spec.samples,
@@ -343,14 +350,7 @@ fn a_shuffled_epoch_opens_each_shard_once() {
     let rt = runtime();
     let server = moto_with(data.path(), &rt);
     let cache = tempfile::tempdir().unwrap();
-    let ds = StreamingDataset::open_at(
-        StreamingConfig {
-            remote: "s3://bucket/ds".into(),
-            ..config(cache.path())
-        },
-        s3_location(&server.endpoint(), "ds"),
-    )
-    .unwrap();
+    let ds = open_on_moto(&server, config(cache.path()));
     let shards = ds.num_shards() as u64;
     assert_eq!(shards, 40);
     for (window, ramp) in [(16, true), (16, false), (12, true), (40, true)] {

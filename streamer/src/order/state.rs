@@ -40,15 +40,20 @@ impl StreamState {
     pub fn new(order: &EpochOrder, consumed: u64) -> Self {
         let config = *order.config();
         Self {
-            version: if config.ramp {
-                Self::VERSION
-            } else {
-                Self::VERSION_WITHOUT_RAMP
-            },
+            version: Self::version_for(&config),
             config,
             epoch: order.epoch(),
             consumed: consumed.min(order.global_len()),
             shape_fingerprint: hex(order.shape().fingerprint()),
+        }
+    }
+
+    /// The version a state of `config` is written as.
+    fn version_for(config: &OrderConfig) -> u32 {
+        if config.ramp {
+            Self::VERSION
+        } else {
+            Self::VERSION_WITHOUT_RAMP
         }
     }
 
@@ -59,12 +64,7 @@ impl StreamState {
 
     /// Checks that this state belongs to `shape` (same shards, sizes, weights and sampling).
     pub fn check(&self, shape: &DatasetShape) -> Result<()> {
-        let expected = if self.config.ramp {
-            Self::VERSION
-        } else {
-            Self::VERSION_WITHOUT_RAMP
-        };
-        if self.version != expected && self.version != Self::VERSION {
+        if self.version != Self::VERSION && self.version != Self::version_for(&self.config) {
             return Err(StreamerError::UnsupportedStateVersion {
                 found: self.version,
                 supported: Self::VERSION,
