@@ -376,3 +376,62 @@ fn a_shuffled_epoch_opens_each_shard_once() {
         );
     }
 }
+
+/// A remote `index.json` is read from the store once per cache folder: later opens read the copy
+/// kept there, a copy that does not parse is read from the store again, and a local dataset's
+/// index is always read where it is.
+#[test]
+fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let spec = Spec::small(300);
+    write_dataset(data.path(), &spec);
+    let original = std::fs::read(data.path().join("index.json")).unwrap();
+    let server = moto_with(data.path(), &rt);
+
+    let first = open_on_moto(&server, config(cache.path()));
+    let copies = first.cache_dir().join("indexes");
+    let names: Vec<_> = std::fs::read_dir(&copies)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    let copy = names[0].clone();
+    assert_eq!(std::fs::read(&copy).unwrap(), original);
+    drop(first);
+
+    // A copy cut short, as by a power cut before it reached the disk, is replaced from the store.
+    std::fs::write(&copy, &original[..original.len() / 2]).unwrap();
+    let again = open_on_moto(&server, config(cache.path()));
+    assert_eq!(again.num_samples(), spec.samples);
+    assert_eq!(std::fs::read(&copy).unwrap(), original);
+    drop(again);
+
+    // With the index gone from the store, the folder's copy still opens the dataset and streams
+    // every sample; a new folder reads the store and is told the index is missing.
+    rt.block_on(s3_location(&server.endpoint(), "ds").delete("index.json"))
+        .unwrap();
+    let from_copy = open_on_moto(&server, config(cache.path()));
+    check_dataset(&from_copy, &spec);
+    let other = tempfile::tempdir().unwrap();
+    let err = StreamingDataset::open_at(
+        StreamingConfig {
+            remote: "s3://bucket/ds".into(),
+            ..config(other.path())
+        },
+        s3_location(&server.endpoint(), "ds"),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StreamerError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains("index.json"), "{err}");
+
+    // A local dataset's index is the file itself: no copy is made.
+    let local = StreamingDataset::open(StreamingConfig {
+        remote: data.path().display().to_string(),
+        copy_local: true,
+        ..config(other.path())
+    })
+    .unwrap();
+    assert!(!local.cache_dir().join("indexes").exists());
+}

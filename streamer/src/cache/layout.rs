@@ -13,6 +13,7 @@
 //! <dir>/entries/<id>.json      per shard: the cache's record (key, size, hash, verified generation)
 //! <dir>/tmp/<id>.<bytes>       a download in progress, holding a reservation of <bytes>
 //! <dir>/data/<id>              a complete, verified shard
+//! <dir>/indexes/<id>.json      a copy of a remote dataset's index.json (<id> of its URL)
 //! ```
 //!
 //! `<id>` is the 32-hex-digit xxh3-128 of the shard key, so keys never become paths.
@@ -92,6 +93,15 @@ impl Layout {
         self.root.join("locks")
     }
 
+    pub(crate) fn indexes_dir(&self) -> PathBuf {
+        self.root.join("indexes")
+    }
+
+    /// The copy of the index whose URL has identity `id`.
+    pub(crate) fn index_copy(&self, id: &KeyId) -> PathBuf {
+        self.indexes_dir().join(format!("{}.json", id.as_str()))
+    }
+
     pub(crate) fn data(&self, id: &KeyId) -> PathBuf {
         self.data_dir().join(id.as_str())
     }
@@ -145,6 +155,7 @@ impl Layout {
             self.tmp_dir(),
             self.entries_dir(),
             self.locks_dir(),
+            self.indexes_dir(),
         ] {
             fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         }

@@ -51,9 +51,12 @@ use shardstream_launcher::LauncherError;
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
 use shardstream_storage::{Env, Location, StorageError, StorageOptions};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use crate::cache::{node_dir, CacheConfig, ExpectedHash, LocalSources, VerifyMode};
+use crate::cache::{
+    node_dir, read_index_copy, remove_index_copy, save_index_copy, CacheConfig, ExpectedHash,
+    LocalSources, VerifyMode,
+};
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
@@ -233,14 +236,20 @@ impl StreamingDataset {
         let mut shapes = Vec::with_capacity(streams.len());
         let mut index_json = Vec::new();
         let mut columns = Vec::new();
+        let mut index_copies: Option<Option<PathBuf>> = None;
         for (i, (location, split, weight, again)) in streams.into_iter().enumerate() {
             reopen.push(again);
             let location = match &split {
                 Some(split) => location.join(split)?,
                 None => location,
             };
-            let json = read_index(&location)?;
-            let counts = loaded.add_stream(&config, &location, i, &json)?;
+            if index_copies.is_none() && location.local_root().is_none() {
+                // Only a folder named without the index (`local`, or a run id) can keep copies.
+                index_copies = Some(resolve_cache_dir(&config, None).ok());
+            }
+            let (json, index) =
+                load_index(&location, index_copies.as_ref().and_then(Option::as_deref))?;
+            let counts = loaded.add_stream(&config, &location, i, &index)?;
             if i == 0 {
                 columns = loaded.first_columns.clone();
                 index_json = json;
@@ -487,10 +496,9 @@ impl Loaded {
         config: &StreamingConfig,
         location: &Location,
         stream: usize,
-        json: &[u8],
+        index: &Index,
     ) -> Result<Vec<u64>> {
         let index_name = location.url_of("index.json");
-        let index = Index::from_json(&index_name, json)?;
         let in_place = location.local_root().is_some() && !config.copy_local;
         if let Some(s) = index.shards.first() {
             let cols = s
@@ -558,6 +566,42 @@ impl Loaded {
         }
         Ok(counts)
     }
+}
+
+/// A stream's `index.json`, as bytes and parsed. A remote index comes from its copy in the
+/// node's cache folder `copies` when there is one that parses; else from the store, and is then
+/// copied there (see `crate::cache::save_index_copy`). A local index is always read where it is.
+fn load_index(location: &Location, copies: Option<&Path>) -> Result<(Vec<u8>, Index)> {
+    let name = location.url_of("index.json");
+    let copies = copies.filter(|_| location.local_root().is_none());
+    if let Some(dir) = copies {
+        match read_index_copy(dir, &name) {
+            Ok(Some(json)) => match Index::from_json(&name, &json) {
+                Ok(index) => {
+                    debug!(index = %name, cache = %dir.display(), "index read from the cache folder");
+                    return Ok((json, index));
+                }
+                Err(e) => {
+                    warn!(index = %name, cache = %dir.display(), error = %e,
+                        "the cached copy of the index does not parse; reading it from the store again");
+                    if let Err(e) = remove_index_copy(dir, &name) {
+                        warn!(error = %e, "cannot remove the cached copy of the index");
+                    }
+                }
+            },
+            Ok(None) => {}
+            Err(e) => warn!(index = %name, error = %e, "cannot read the cached copy of the index"),
+        }
+    }
+    let json = read_index(location)?;
+    let index = Index::from_json(&name, &json)?;
+    if let Some(dir) = copies {
+        if let Err(e) = save_index_copy(dir, &name, &json) {
+            warn!(index = %name, cache = %dir.display(), error = %e,
+                "cannot keep a copy of the index in the cache folder; the next open reads the store again");
+        }
+    }
+    Ok((json, index))
 }
 
 fn read_index(location: &Location) -> Result<Vec<u8>> {
