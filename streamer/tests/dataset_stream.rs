@@ -10,7 +10,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
+use common::{
+    check_sample, moto_with, runtime, s3_location, stream_world, upload, write_dataset, Spec,
+};
 use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{OrderConfig, World};
 use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
@@ -426,6 +428,47 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
     assert!(matches!(err, StreamerError::NotFound { .. }), "{err}");
     assert!(err.to_string().contains("index.json"), "{err}");
 
+    // Mixed streams: each remote index (a split is part of its URL) gets its own copy, a local
+    // one none; the second open reads both copies.
+    use shardstream_streamer::order::Weight;
+    use shardstream_streamer::StreamSpec;
+    let mixed = tempfile::tempdir().unwrap();
+    upload(&server, data.path(), "again/train", &rt);
+    upload(&server, data.path(), "again/val", &rt);
+    let streams = || {
+        let remote = |split: &str| StreamSpec {
+            remote: "s3://bucket/again".into(),
+            split: Some(split.into()),
+            weight: Weight::Natural,
+            location: Some(s3_location(&server.endpoint(), "again")),
+        };
+        let local = StreamSpec {
+            remote: data.path().display().to_string(),
+            split: None,
+            weight: Weight::Natural,
+            location: None,
+        };
+        vec![remote("train"), remote("val"), local]
+    };
+    let first = StreamingDataset::open_streams(config(mixed.path()), streams(), None).unwrap();
+    let copies = first.cache_dir().join("indexes");
+    let mut kept: Vec<String> = std::fs::read_dir(&copies)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept.iter().all(|n| n.ends_with(".json")), "{kept:?}");
+    for split in ["train", "val"] {
+        rt.block_on(
+            s3_location(&server.endpoint(), "again").delete(&format!("{split}/index.json")),
+        )
+        .unwrap();
+    }
+    let again = StreamingDataset::open_streams(config(mixed.path()), streams(), None).unwrap();
+    assert_eq!(again.num_samples(), 3 * spec.samples);
+    drop((first, again));
+
     // A local dataset's index is the file itself: no copy is made.
     let local = StreamingDataset::open(StreamingConfig {
         remote: data.path().display().to_string(),
@@ -433,5 +476,6 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
         ..config(other.path())
     })
     .unwrap();
-    assert!(!local.cache_dir().join("indexes").exists());
+    let copies = local.cache_dir().join("indexes");
+    assert!(std::fs::read_dir(&copies).map_or(true, |mut d| d.next().is_none()));
 }

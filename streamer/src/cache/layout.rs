@@ -102,6 +102,16 @@ impl Layout {
         self.indexes_dir().join(format!("{}.json", id.as_str()))
     }
 
+    /// The one temp name of that copy (written only under [`Layout::index_lock`]).
+    pub(crate) fn index_copy_tmp(&self, id: &KeyId) -> PathBuf {
+        self.indexes_dir().join(format!("{}.json.tmp", id.as_str()))
+    }
+
+    /// Exclusive while that copy is written.
+    pub(crate) fn index_lock(&self, id: &KeyId) -> PathBuf {
+        self.locks_dir().join(format!("{}.index", id.as_str()))
+    }
+
     pub(crate) fn data(&self, id: &KeyId) -> PathBuf {
         self.data_dir().join(id.as_str())
     }
@@ -146,6 +156,11 @@ impl Layout {
         self.root.join("generation")
     }
 
+    /// Whether the folder holds this layout's marker (reads only; creates nothing).
+    pub(crate) fn is_ours(&self) -> bool {
+        fs::read_to_string(self.root.join(MARKER)).is_ok_and(|found| found == marker_text())
+    }
+
     /// Creates the folder tree and marker files if missing, and refuses a folder that holds
     /// another layout. Safe to race: every step is idempotent or an atomic rename.
     pub(crate) fn create(&self) -> Result<()> {
@@ -160,7 +175,7 @@ impl Layout {
             fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         }
         let marker = self.root.join(MARKER);
-        let want = format!("{{\"layout\":{LAYOUT_VERSION}}}\n");
+        let want = marker_text();
         match fs::read_to_string(&marker) {
             Ok(found) if found == want => {}
             Ok(found) => {
@@ -196,6 +211,11 @@ impl Layout {
         let tmp = self.root.join("generation.tmp");
         write_atomically(&path, &tmp, format!("{generation}\n").as_bytes())
     }
+}
+
+/// The marker file's content for this layout.
+fn marker_text() -> String {
+    format!("{{\"layout\":{LAYOUT_VERSION}}}\n")
 }
 
 /// Writes `bytes` to `tmp`, fsyncs it, renames it over `path` and fsyncs the folder, so `path`

@@ -50,7 +50,7 @@ use tracing::{debug, info, warn};
 
 pub use config::{node_dir, CacheConfig, ExpectedHash, LocalSources, ShardSpec, VerifyMode};
 pub use error::{CacheError, Result};
-pub use index_copy::{read_index_copy, remove_index_copy, save_index_copy};
+pub(crate) use index_copy::{read_index_copy, remove_index_copy, save_index_copy};
 pub use lease::{Begin, FetchGuard, LeaseOrigin, ShardLease};
 pub use metrics::{CacheMetrics, MetricsSnapshot};
 

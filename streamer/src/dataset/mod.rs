@@ -236,20 +236,28 @@ impl StreamingDataset {
         let mut shapes = Vec::with_capacity(streams.len());
         let mut index_json = Vec::new();
         let mut columns = Vec::new();
-        let mut index_copies: Option<Option<PathBuf>> = None;
-        for (i, (location, split, weight, again)) in streams.into_iter().enumerate() {
+        let mut opened = Vec::with_capacity(streams.len());
+        for (location, split, weight, again) in streams {
             reopen.push(again);
             let location = match &split {
                 Some(split) => location.join(split)?,
                 None => location,
             };
-            if index_copies.is_none() && location.local_root().is_none() {
-                // Only a folder named without the index (`local`, or a run id) can keep copies.
-                index_copies = Some(resolve_cache_dir(&config, None).ok());
-            }
-            let (json, index) =
-                load_index(&location, index_copies.as_ref().and_then(Option::as_deref))?;
+            opened.push((location, weight));
+        }
+        // The node's folder, when a stream is remote: resolved without the index (`local`, or a
+        // run id), it keeps copies of the remote indexes. Resolved once, and used below too.
+        let node_folder = opened
+            .iter()
+            .any(|(l, _)| l.local_root().is_none())
+            .then(|| resolve_cache_dir(&config, None));
+        let copies = node_folder.as_ref().and_then(|r| r.as_deref().ok());
+        for (i, (location, weight)) in opened.into_iter().enumerate() {
+            let (json, index, from_store) = load_index(&location, copies)?;
             let counts = loaded.add_stream(&config, &location, i, &index)?;
+            if from_store {
+                keep_index_copy(&location, copies, &json);
+            }
             if i == 0 {
                 columns = loaded.first_columns.clone();
                 index_json = json;
@@ -264,7 +272,10 @@ impl StreamingDataset {
             let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
             urls.join("\n")
         });
-        let cache_dir = resolve_cache_dir(&config, in_place_key.as_deref())?;
+        let cache_dir = match (in_place_key, node_folder) {
+            (None, Some(resolved)) => resolved?,
+            (key, _) => resolve_cache_dir(&config, key.as_deref())?,
+        };
         let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
         cache_config.verify = if config.validate_hash {
             VerifyMode::Hash
@@ -568,40 +579,48 @@ impl Loaded {
     }
 }
 
-/// A stream's `index.json`, as bytes and parsed. A remote index comes from its copy in the
-/// node's cache folder `copies` when there is one that parses; else from the store, and is then
-/// copied there (see `crate::cache::save_index_copy`). A local index is always read where it is.
-fn load_index(location: &Location, copies: Option<&Path>) -> Result<(Vec<u8>, Index)> {
+/// A stream's `index.json`, as bytes, parsed, and whether it came from the store. A remote
+/// index comes from its copy in the node's cache folder `copies` when there is one that parses
+/// (see `crate::cache::read_index_copy`), else from the store. A local index is always read
+/// where it is.
+fn load_index(location: &Location, copies: Option<&Path>) -> Result<(Vec<u8>, Index, bool)> {
     let name = location.url_of("index.json");
     let copies = copies.filter(|_| location.local_root().is_none());
     if let Some(dir) = copies {
         match read_index_copy(dir, &name) {
             Ok(Some(json)) => match Index::from_json(&name, &json) {
                 Ok(index) => {
-                    debug!(index = %name, cache = %dir.display(), "index read from the cache folder");
-                    return Ok((json, index));
+                    debug!(index = %name, cache = %dir.display(), "index read from its copy");
+                    return Ok((json, index, false));
                 }
                 Err(e) => {
                     warn!(index = %name, cache = %dir.display(), error = %e,
-                        "the cached copy of the index does not parse; reading it from the store again");
+                        "the copy of the index does not parse; reading the store again");
                     if let Err(e) = remove_index_copy(dir, &name) {
-                        warn!(error = %e, "cannot remove the cached copy of the index");
+                        warn!(error = %e, "cannot remove the copy of the index");
                     }
                 }
             },
             Ok(None) => {}
-            Err(e) => warn!(index = %name, error = %e, "cannot read the cached copy of the index"),
+            Err(e) => warn!(index = %name, error = %e, "cannot read the copy of the index"),
         }
     }
     let json = read_index(location)?;
     let index = Index::from_json(&name, &json)?;
-    if let Some(dir) = copies {
-        if let Err(e) = save_index_copy(dir, &name, &json) {
-            warn!(index = %name, cache = %dir.display(), error = %e,
-                "cannot keep a copy of the index in the cache folder; the next open reads the store again");
-        }
+    Ok((json, index, true))
+}
+
+/// Keeps `json`, a remote index just read from the store and accepted, in the node's cache
+/// folder `copies` for the next opens; a failure only costs those opens a GET.
+fn keep_index_copy(location: &Location, copies: Option<&Path>, json: &[u8]) {
+    let Some(dir) = copies.filter(|_| location.local_root().is_none()) else {
+        return;
+    };
+    let name = location.url_of("index.json");
+    if let Err(e) = save_index_copy(dir, &name, json) {
+        warn!(index = %name, cache = %dir.display(), error = %e,
+            "cannot keep a copy of the index; the next open reads the store again");
     }
-    Ok((json, index))
 }
 
 fn read_index(location: &Location) -> Result<Vec<u8>> {
