@@ -392,22 +392,29 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
     let original = std::fs::read(data.path().join("index.json")).unwrap();
     let server = moto_with(data.path(), &rt);
 
+    // `open` starts no thread: the copy is saved once the process's engine starts.
     let first = open_on_moto(&server, config(cache.path()));
     let copies = first.cache_dir().join("indexes");
-    let names: Vec<_> = std::fs::read_dir(&copies)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(names.len(), 1, "{names:?}");
-    let copy = names[0].clone();
+    assert!(copies_in(&copies).is_empty());
+    first.cache_usage().unwrap();
+    let names = wait_for_copies(&copies, 1);
+    let copy = copies.join(&names[0]);
     assert_eq!(std::fs::read(&copy).unwrap(), original);
     drop(first);
 
-    // A copy cut short, as by a power cut before it reached the disk, is replaced from the store.
+    // A damaged copy (a disk fault) is replaced from the store.
     std::fs::write(&copy, &original[..original.len() / 2]).unwrap();
     let again = open_on_moto(&server, config(cache.path()));
     assert_eq!(again.num_samples(), spec.samples);
-    assert_eq!(std::fs::read(&copy).unwrap(), original);
+    again.cache_usage().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read(&copy).ok().as_ref() != Some(&original) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the copy was not replaced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     drop(again);
 
     // With the index gone from the store, the folder's copy still opens the dataset and streams
@@ -451,14 +458,8 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
         vec![remote("train"), remote("val"), local]
     };
     let first = StreamingDataset::open_streams(config(mixed.path()), streams(), None).unwrap();
-    let copies = first.cache_dir().join("indexes");
-    let mut kept: Vec<String> = std::fs::read_dir(&copies)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    kept.sort();
-    assert_eq!(kept.len(), 2, "{kept:?}");
-    assert!(kept.iter().all(|n| n.ends_with(".json")), "{kept:?}");
+    first.cache_usage().unwrap();
+    wait_for_copies(&first.cache_dir().join("indexes"), 2);
     for split in ["train", "val"] {
         rt.block_on(
             s3_location(&server.endpoint(), "again").delete(&format!("{split}/index.json")),
@@ -476,6 +477,36 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
         ..config(other.path())
     })
     .unwrap();
-    let copies = local.cache_dir().join("indexes");
-    assert!(std::fs::read_dir(&copies).map_or(true, |mut d| d.next().is_none()));
+    local.cache_usage().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(copies_in(&local.cache_dir().join("indexes")).is_empty());
+}
+
+/// The names of the index copies in `dir` (none when it does not exist).
+fn copies_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Waits (10 s at most) until `dir` holds exactly `n` index copies and no temp file.
+fn wait_for_copies(dir: &Path, n: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let names = copies_in(dir);
+        if names.len() == n && names.iter().all(|name| name.ends_with(".json")) {
+            return names;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "copies in {}: {names:?}",
+            dir.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

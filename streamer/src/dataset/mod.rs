@@ -160,6 +160,33 @@ pub(crate) struct Inner {
     /// Read buffers the consumer has let go of, for the next reads of any stream of this
     /// dataset (kept across epochs; see `crate::buffers`).
     pub read_buffers: Arc<crate::buffers::BufferPool>,
+    /// Remote indexes read from the store at open, to be copied into the cache folder by the
+    /// first engine started (see `Inner::save_index_copies`).
+    pub index_copies: Mutex<Vec<IndexCopy>>,
+}
+
+/// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
+#[derive(Debug)]
+pub(crate) struct IndexCopy {
+    dir: PathBuf,
+    url: String,
+    json: Vec<u8>,
+}
+
+impl Inner {
+    /// Saves the copies of the indexes this dataset read from the store, once, in the
+    /// background of this process's engine `state`: `open` starts no thread (a dataset opened before `fork` must
+    /// survive it), and the fsync of a copy should not delay a cold dataset's first sample.
+    fn save_index_copies(&self, state: &engine::ProcState) {
+        let pending = match self.index_copies.lock() {
+            Ok(mut pending) if !pending.is_empty() => std::mem::take(&mut *pending),
+            _ => return,
+        };
+        state.spawn(engine::blocking(move || {
+            pending.iter().for_each(keep_index_copy);
+            Ok(())
+        }));
+    }
 }
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
@@ -252,11 +279,17 @@ impl StreamingDataset {
             .any(|(l, _)| l.local_root().is_none())
             .then(|| resolve_cache_dir(&config, None));
         let copies = node_folder.as_ref().and_then(|r| r.as_deref().ok());
+        let mut index_copies = Vec::new();
         for (i, (location, weight)) in opened.into_iter().enumerate() {
             let (json, index, from_store) = load_index(&location, copies)?;
             let counts = loaded.add_stream(&config, &location, i, &index)?;
-            if from_store {
-                keep_index_copy(&location, copies, &json);
+            let remote = location.local_root().is_none();
+            if let (true, true, Some(dir)) = (from_store, remote, copies) {
+                index_copies.push(IndexCopy {
+                    dir: dir.to_path_buf(),
+                    url: location.url_of("index.json"),
+                    json: json.clone(),
+                });
             }
             if i == 0 {
                 columns = loaded.first_columns.clone();
@@ -311,6 +344,7 @@ impl StreamingDataset {
                 retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
                 verified_local: Mutex::default(),
                 read_buffers: crate::buffers::BufferPool::for_memory_limit(memory_limit),
+                index_copies: Mutex::new(index_copies),
             }),
         })
     }
@@ -412,9 +446,11 @@ impl StreamingDataset {
 
     fn proc(&self) -> Result<Arc<engine::ProcState>> {
         let inner = &self.inner;
-        inner.proc.get(&inner.cache_dir, &inner.cache_config, || {
+        let engine = inner.proc.get(&inner.cache_dir, &inner.cache_config, || {
             inner.fresh_locations()
-        })
+        })?;
+        inner.save_index_copies(&engine);
+        Ok(engine)
     }
 }
 
@@ -610,16 +646,17 @@ fn load_index(location: &Location, copies: Option<&Path>) -> Result<(Vec<u8>, In
     Ok((json, index, true))
 }
 
-/// Keeps `json`, a remote index just read from the store and accepted, in the node's cache
-/// folder `copies` for the next opens; a failure only costs those opens a GET.
-fn keep_index_copy(location: &Location, copies: Option<&Path>, json: &[u8]) {
-    let Some(dir) = copies.filter(|_| location.local_root().is_none()) else {
+/// Keeps a remote index read from the store in the node's cache folder for the next opens,
+/// unless the folder has that copy already (a forked DataLoader worker of a parent that never
+/// iterated saves what its siblings saved); a failure only costs those opens a GET.
+fn keep_index_copy(copy: &IndexCopy) {
+    if read_index_copy(&copy.dir, &copy.url).is_ok_and(|kept| kept.as_ref() == Some(&copy.json)) {
         return;
-    };
-    let name = location.url_of("index.json");
-    if let Err(e) = save_index_copy(dir, &name, json) {
-        warn!(index = %name, cache = %dir.display(), error = %e,
-            "cannot keep a copy of the index; the next open reads the store again");
+    }
+    match save_index_copy(&copy.dir, &copy.url, &copy.json) {
+        Ok(()) => debug!(index = %copy.url, cache = %copy.dir.display(), "index copied"),
+        Err(e) => warn!(index = %copy.url, cache = %copy.dir.display(), error = %e,
+            "cannot keep a copy of the index; the next open reads the store again"),
     }
 }
 
