@@ -3,11 +3,12 @@
 //! workers, a restarted rank) reads the index from disk instead of from the store, as
 //! mosaicml-streaming reuses `local/index.json`.
 //!
-//! A copy is written like every other file of the folder: to a temp name, fsynced, renamed. The
-//! temp name is fixed and written only under the copy's lock (`locks/<id>.index`), so writers of
-//! any thread, process or PID namespace never share a half-written file, and a temp file left
-//! by a crash is simply overwritten by the next save. A copy that does not parse anyway (a disk
-//! fault) is the caller's cue to read the store again and replace it. Only a folder that holds
+//! A copy is written to a temp name and renamed. The temp name is fixed and written only under
+//! the copy's lock (`locks/<id>.index`), so writers of any thread, process or PID namespace never
+//! share a half-written file, and a temp file left by a crash is simply overwritten by the next
+//! save. Unlike the shard files a copy is not fsynced: what a power cut can leave of it does not
+//! parse, and a copy that does not parse is the caller's cue to read the store again and
+//! replace it. Only a folder that holds
 //! this cache's layout marker is read, written or cleaned. The copies are small and are not
 //! counted against `cache_limit`, which bounds the shard files.
 
@@ -17,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::error::{io_err, CacheError, Result};
-use super::layout::{remove_if_present, write_atomically, KeyId, Layout};
+use super::layout::{remove_if_present, KeyId, Layout};
 use super::lock::{self, Mode};
 
 /// How long a save waits for another writer of the same copy before giving up (the caller then
@@ -60,7 +61,12 @@ pub(crate) fn save_index_copy(dir: &Path, url: &str, bytes: &[u8]) -> Result<()>
         }
         Err(e) => return Err(io_err("lock", &lock_path)(e)),
     };
-    write_atomically(&layout.index_copy(&id), &layout.index_copy_tmp(&id), bytes)
+    // Not fsynced, unlike the shard files: a copy cut short by a power cut is an unclosed JSON
+    // document (or one with a tail of zeros), which does not parse, so it is read from the store
+    // again; and an fsync here stalls the shard downloads' own commits on the same disk.
+    let (path, tmp) = (layout.index_copy(&id), layout.index_copy_tmp(&id));
+    fs::write(&tmp, bytes).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))
 }
 
 /// Removes the copy of the index at `url` (one that failed to parse); nothing is removed from a
