@@ -392,12 +392,14 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
     let original = std::fs::read(data.path().join("index.json")).unwrap();
     let server = moto_with(data.path(), &rt);
 
-    // `open` starts no thread: the copy is saved once the process's engine starts.
+    // `open` starts no thread: the copy is saved in the background of the first stream, and
+    // the stream's end waits for it.
     let first = open_on_moto(&server, config(cache.path()));
     let copies = first.cache_dir().join("indexes");
     assert!(copies_in(&copies).is_empty());
-    first.cache_usage().unwrap();
-    let names = wait_for_copies(&copies, 1);
+    check_dataset(&first, &spec);
+    let names = copies_in(&copies);
+    assert_eq!(names.len(), 1, "{names:?}");
     let copy = copies.join(&names[0]);
     assert_eq!(std::fs::read(&copy).unwrap(), original);
     drop(first);
@@ -406,15 +408,12 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
     std::fs::write(&copy, &original[..original.len() / 2]).unwrap();
     let again = open_on_moto(&server, config(cache.path()));
     assert_eq!(again.num_samples(), spec.samples);
-    again.cache_usage().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::fs::read(&copy).ok().as_ref() != Some(&original) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the copy was not replaced"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    check_dataset(&again, &spec);
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        original,
+        "the copy was not replaced"
+    );
     drop(again);
 
     // With the index gone from the store, the folder's copy still opens the dataset and streams
@@ -458,8 +457,10 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
         vec![remote("train"), remote("val"), local]
     };
     let first = StreamingDataset::open_streams(config(mixed.path()), streams(), None).unwrap();
-    first.cache_usage().unwrap();
-    wait_for_copies(&first.cache_dir().join("indexes"), 2);
+    stream_epoch(&first);
+    let kept = copies_in(&first.cache_dir().join("indexes"));
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept.iter().all(|name| name.ends_with(".json")), "{kept:?}");
     for split in ["train", "val"] {
         rt.block_on(
             s3_location(&server.endpoint(), "again").delete(&format!("{split}/index.json")),
@@ -477,9 +478,32 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
         ..config(other.path())
     })
     .unwrap();
-    local.cache_usage().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    stream_epoch(&local);
     assert!(copies_in(&local.cache_dir().join("indexes")).is_empty());
+}
+
+/// Streams one whole epoch of `ds` as a single process (the stream's end waits for the index
+/// copy it saves).
+fn stream_epoch(ds: &StreamingDataset) {
+    use shardstream_streamer::order::Rank;
+    use shardstream_streamer::StreamPlan;
+    let plan = StreamPlan {
+        order: shuffled(),
+        epoch: 1,
+        world: World::new(1, 1, 1, 1).unwrap(),
+        rank: Rank {
+            node: 0,
+            local_process: 0,
+            worker: 0,
+        },
+        start: 0,
+    };
+    let mut n = 0u64;
+    for item in ds.stream(plan).unwrap() {
+        item.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, ds.num_samples());
 }
 
 /// The names of the index copies in `dir` (none when it does not exist).
@@ -492,21 +516,4 @@ fn copies_in(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
-}
-
-/// Waits (10 s at most) until `dir` holds exactly `n` index copies and no temp file.
-fn wait_for_copies(dir: &Path, n: usize) -> Vec<String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let names = copies_in(dir);
-        if names.len() == n && names.iter().all(|name| name.ends_with(".json")) {
-            return names;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "copies in {}: {names:?}",
-            dir.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }

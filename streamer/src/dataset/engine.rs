@@ -55,6 +55,8 @@ pub(crate) struct ProcState {
     /// Shards this process is downloading while serving them, by shard number: a second
     /// opener in this process joins the download instead of waiting on its fetch lock.
     inflight: Mutex<HashMap<usize, InFlight>>,
+    /// Background work a stream's end waits for (see [`ProcState::settle`]).
+    pending: Mutex<Vec<tokio::task::JoinHandle<Result<()>>>>,
 }
 
 /// A shard being served while it downloads (see [`ProcState::inflight`]).
@@ -120,6 +122,7 @@ impl ProcSlot {
             cache,
             locations,
             inflight: Mutex::default(),
+            pending: Mutex::default(),
         });
         *slot = Some(Arc::clone(&state));
         Ok(state)
@@ -157,17 +160,37 @@ impl ProcState {
     }
 
     /// Waits (from a plain thread) until every shard this process is downloading while serving
-    /// it is committed or has failed. A stream calls it at its end: a process that exits right
-    /// after its last sample would otherwise abandon those downloads, and the node would fetch
-    /// them again.
+    /// it is committed or has failed, and the work started with [`ProcState::spawn_settled`] is
+    /// done. A stream calls it at its end: a process that exits right after its last sample
+    /// would otherwise abandon those downloads (and the node would fetch them again) or that
+    /// work.
     pub(crate) fn settle(&self) {
         let growing: Vec<Growing> = match self.inflight.lock() {
             Ok(map) => map.values().map(|f| f.growing.clone()).collect(),
-            Err(_) => return,
+            Err(_) => Vec::new(),
         };
         for g in growing {
             // A failure was already reported to the readers that needed the shard.
             let _ = g.wait_blocking(u64::MAX);
+        }
+        let pending = match self.pending.lock() {
+            Ok(mut pending) => std::mem::take(&mut *pending),
+            Err(_) => return,
+        };
+        for task in pending {
+            // Such work reports its own failures (it only logs them).
+            let _ = futures::executor::block_on(task);
+        }
+    }
+
+    /// Runs `work` in the background; the next [`ProcState::settle`] waits for it.
+    pub(crate) fn spawn_settled(
+        &self,
+        work: impl std::future::Future<Output = Result<()>> + Send + 'static,
+    ) {
+        let task = self.spawn(work);
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.push(task);
         }
     }
 }

@@ -175,14 +175,15 @@ pub(crate) struct IndexCopy {
 
 impl Inner {
     /// Saves the copies of the indexes this dataset read from the store, once, in the
-    /// background of this process's engine `state`: `open` starts no thread (a dataset opened before `fork` must
+    /// background of this process's engine `state` (a stream's end waits for it, so a process
+    /// that streams an epoch and exits leaves the copy behind): `open` starts no thread (a dataset opened before `fork` must
     /// survive it), and the fsync of a copy should not delay a cold dataset's first sample.
     fn save_index_copies(&self, state: &engine::ProcState) {
         let pending = match self.index_copies.lock() {
             Ok(mut pending) if !pending.is_empty() => std::mem::take(&mut *pending),
             _ => return,
         };
-        state.spawn(engine::blocking(move || {
+        state.spawn_settled(engine::blocking(move || {
             pending.iter().for_each(keep_index_copy);
             Ok(())
         }));
