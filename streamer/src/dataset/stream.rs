@@ -179,7 +179,13 @@ impl SampleStream {
             }
         }
         let prefetch_bytes = (limit / 2).max(ds.max_shard_bytes);
-        let wait_room = WRITE_BYTES.max(ds.max_shard_bytes.saturating_add(DECODER_SLACK));
+        // A dataset read wholly in place downloads and decodes nothing: no wait of its streams
+        // can be held up by budget, so whole shards are never given back before one.
+        let wait_room = if ds.max_shard_bytes == 0 {
+            0
+        } else {
+            WRITE_BYTES.max(ds.max_shard_bytes.saturating_add(DECODER_SLACK))
+        };
         let whole_limit = if plan.order.shuffle {
             (ds.budget.limit() / 8).min(WHOLE_SHARDS_MAX)
         } else {
