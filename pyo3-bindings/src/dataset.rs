@@ -361,6 +361,7 @@ impl NativeDataset {
         d.set_item("fetch_requests", m.fetch_requests)?;
         d.set_item("fetch_retries", m.fetch_retries)?;
         d.set_item("shards_fetched", m.shards_fetched)?;
+        d.set_item("shards_joined", m.shards_joined)?;
         d.set_item("cache_hits", m.cache_hits)?;
         d.set_item("cache_misses", m.cache_misses)?;
         d.set_item("cache_evictions", m.cache_evictions)?;

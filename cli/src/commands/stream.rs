@@ -188,6 +188,7 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         "fetch_bytes": m.fetch_bytes,
         "fetch_requests": m.fetch_requests,
         "shards_fetched": m.shards_fetched,
+        "shards_joined": m.shards_joined,
         "cache_hits": m.cache_hits,
         "cache_misses": m.cache_misses,
         "stall_seconds": m.stall_seconds,

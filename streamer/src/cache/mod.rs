@@ -4,7 +4,8 @@
 //! outlives its owner, nothing to clean by hand after a crash. `docs/cache.md` has the design.
 //!
 //! - A shard is fetched once per node: the first process to miss takes the shard's fetch lock
-//!   and downloads; the others wait on the same lock and then read its file.
+//!   and downloads; the others wait on the same lock and then read its file, or join the
+//!   download while it grows when its writer shares its progress (`cache::progress`).
 //! - Files appear only complete (temp file, fsync, check, rename) and are checked again before
 //!   reuse after a restart: size always, hash where the index has one.
 //! - The folder never holds more than `limit_bytes` of shards: space is reserved before a fetch,
@@ -39,6 +40,7 @@ mod layout;
 mod lease;
 mod lock;
 mod metrics;
+pub(crate) mod progress;
 mod space;
 
 use std::fs;
@@ -264,6 +266,37 @@ impl Cache {
     /// [`CacheConfig::lock_wait`]) while another process fetches or checks the shard, and (up
     /// to [`CacheConfig::space_wait`]) while the cache is full of shards in use.
     pub fn begin(&self, spec: &ShardSpec) -> Result<Begin> {
+        match self.start(spec, true)? {
+            Some(begin) => Ok(begin),
+            // Unreachable: a waiting start always decides.
+            None => Err(CacheError::LockTimeout {
+                path: self.inner.layout.fetch_lock(&KeyId::of(&spec.key)),
+                waited: std::time::Duration::ZERO,
+            }),
+        }
+    }
+
+    /// [`Cache::begin`] without waiting for another process's fetch: `None` while another
+    /// process (or another handle in this one) holds the shard's fetch lock. Its download may
+    /// then be joined while it grows (`cache::progress`).
+    pub fn try_begin(&self, spec: &ShardSpec) -> Result<Option<Begin>> {
+        self.start(spec, false)
+    }
+
+    /// Where a fetcher of `spec` writes it while it downloads.
+    pub(crate) fn download_path(&self, spec: &ShardSpec) -> std::path::PathBuf {
+        self.inner.layout.tmp(&KeyId::of(&spec.key), spec.size)
+    }
+
+    /// Whether some handle, in this process or another, holds `spec`'s fetch lock now.
+    pub(crate) fn fetch_in_progress(&self, spec: &ShardSpec) -> Result<bool> {
+        let path = self.inner.layout.fetch_lock(&KeyId::of(&spec.key));
+        Ok(lock::try_exclusive(&path)
+            .map_err(io_err("lock", &path))?
+            .is_none())
+    }
+
+    fn start(&self, spec: &ShardSpec, wait: bool) -> Result<Option<Begin>> {
         let inner = &self.inner;
         inner.check_process()?;
         spec.validate()?;
@@ -291,14 +324,22 @@ impl Cache {
         // between our check and our read.
         let pin = inner.lock(&pin_path, Mode::Shared)?;
         match inspect(&check)? {
-            Found::Valid => return Ok(Begin::Hit(self.hit(&id, spec, pin))),
+            Found::Valid => return Ok(Some(Begin::Hit(self.hit(&id, spec, pin)))),
             Found::Foreign(path) => return Err(CacheError::Foreign { path }),
             Found::Missing | Found::Invalid(_) | Found::NeedsHash => drop(pin),
         }
 
         // Slow path: become the shard's one fetcher (or checker). The pin is released first:
         // a fetcher replacing a bad file waits for pins, so holding one here could deadlock.
-        let fetch = inner.lock(&layout.fetch_lock(&id), Mode::Exclusive)?;
+        let fetch_path = layout.fetch_lock(&id);
+        let fetch = if wait {
+            inner.lock(&fetch_path, Mode::Exclusive)?
+        } else {
+            match lock::try_exclusive(&fetch_path).map_err(io_err("lock", &fetch_path))? {
+                Some(fetch) => fetch,
+                None => return Ok(None),
+            }
+        };
         check.exclusive = true;
         let mut replace = false;
         match inspect(&check)? {
@@ -306,7 +347,7 @@ impl Cache {
                 // Someone else fetched it while we waited, or we just checked its hash.
                 let pin = inner.lock(&pin_path, Mode::Shared)?;
                 drop(fetch);
-                return Ok(Begin::Hit(self.hit(&id, spec, pin)));
+                return Ok(Some(Begin::Hit(self.hit(&id, spec, pin))));
             }
             Found::Foreign(path) => return Err(CacheError::Foreign { path }),
             Found::Invalid(reason) => {
@@ -347,14 +388,14 @@ impl Cache {
             spec.size,
         )?;
         debug!(key = %spec.key, bytes = spec.size, "cache miss; fetching");
-        Ok(Begin::Fetch(FetchGuard::new(
+        Ok(Some(Begin::Fetch(FetchGuard::new(
             self.clone(),
             spec.clone(),
             id,
             tmp,
             fetch,
             replace,
-        )))
+        ))))
     }
 
     fn hit(&self, id: &KeyId, spec: &ShardSpec, pin: LockGuard) -> ShardLease {

@@ -11,8 +11,10 @@
 //!   returns once its header and offset table are on disk, a background task finishes the
 //!   download and commits the file, and each read waits for the bytes it needs
 //!   ([`super::growing`]). With `validate_hash` on, a shard is served only after its hash was
-//!   checked, so never before it has fully arrived. Other processes of the node wait for the
-//!   complete file on the shard's fetch lock.
+//!   checked, so never before it has fully arrived. Other processes of the node join such a
+//!   download through the progress its temp file carries ([`crate::cache::progress`]): they
+//!   read the same prefix instead of waiting for the commit, and fetch the rest themselves if
+//!   the writer dies. Other shards they wait for on the shard's fetch lock.
 //! - Transient storage failures are retried inside one window ([`super::fetch::Outage`],
 //!   `StreamingConfig::retry_window`); a download whose size or hash is wrong is retried
 //!   [`DAMAGED_ATTEMPTS`] times, then reported naming the shard.
@@ -29,13 +31,14 @@ use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
 use super::decode::{self, decompress, read_head};
-use super::fetch::{download, Outage};
+use super::fetch::{download, resume, Outage};
 use super::growing::{self, Growing, Landing, Publisher};
 use super::metrics::Metrics;
 use super::shard::ShardHandle;
 use super::Inner;
 use crate::cache::{
-    Begin, Cache, CacheConfig, CacheError, ExpectedHash, FetchGuard, ShardLease, ShardSpec,
+    progress, Begin, Cache, CacheConfig, CacheError, ExpectedHash, FetchGuard, ShardLease,
+    ShardSpec,
 };
 use crate::error::{Result, StreamerError};
 
@@ -329,6 +332,17 @@ async fn try_open(
     let growable = src.stored_hash.is_none() && src.raw_hash.is_none();
     let lease = match (&src.local_raw, src.algorithm) {
         (Some(path), _) => local_lease(ds, ps, path, src.raw_size, &src.raw_hash).await?,
+        (None, None) if growable && src.local_stored.is_none() => {
+            match begin_or_join(ps, src).await? {
+                Opening::Begin(Begin::Hit(lease)) => lease,
+                Opening::Begin(Begin::Fetch(guard)) => {
+                    return serve_growing(ds, ps, shard, src, Job::Plain(guard), outage).await;
+                }
+                Opening::Join(file, tmp) => {
+                    return join_growing(ds, ps, shard, src, (file, tmp), outage).await;
+                }
+            }
+        }
         (None, None) => match begin_stored(ds, ps, src).await? {
             Begin::Hit(lease) => lease,
             Begin::Fetch(guard) if growable => {
@@ -355,6 +369,235 @@ async fn try_open(
     let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
     let (samples, first) = (src.samples, src.first_sample);
     blocking(move || ShardHandle::open(shard, name, lease, columns, samples, first)).await
+}
+
+/// How long a process that finds a shard's fetch lock taken looks for the fetcher's progress
+/// record before it waits for the commit instead (a fetcher that does not share its progress:
+/// one checking a hash, or one waiting for disk space).
+const JOIN_LOOK: Duration = Duration::from_millis(50);
+/// How often a joined download's progress record is read.
+const JOIN_POLL: Duration = Duration::from_millis(1);
+/// How often a joined download's writer is checked for life while it makes no progress.
+const JOIN_LIVENESS: Duration = Duration::from_millis(20);
+
+/// The outcome of [`begin_or_join`].
+enum Opening {
+    Begin(Begin),
+    /// Another process downloads the shard and shares its progress: its temp file (opened for
+    /// reading and writing, in case its writer dies) and path.
+    Join(Arc<File>, PathBuf),
+}
+
+/// The stored (uncompressed) shard: a hit, the right to fetch it, or another process's
+/// download of it to join.
+async fn begin_or_join(ps: &Arc<ProcState>, src: &ShardSource) -> Result<Opening> {
+    let spec = stored_spec(src);
+    let started = std::time::Instant::now();
+    loop {
+        let (cache, s) = (ps.cache.clone(), spec.clone());
+        if let Some(begin) = blocking(move || Ok(cache.try_begin(&s)?)).await? {
+            return Ok(Opening::Begin(begin));
+        }
+        let tmp = ps.cache.download_path(&spec);
+        if let Some(file) = open_shared(&tmp, spec.size)? {
+            debug!(shard = %src.name, "joining another process's download");
+            return Ok(Opening::Join(Arc::new(file), tmp));
+        }
+        if started.elapsed() >= JOIN_LOOK {
+            return begin(ps, spec).await.map(Opening::Begin);
+        }
+        tokio::time::sleep(JOIN_POLL).await;
+    }
+}
+
+/// Opens the temp file at `tmp` if it holds a progress record (a download shared while it
+/// grows).
+fn open_shared(tmp: &Path, size: u64) -> Result<Option<File>> {
+    let file = match File::options().read(true).write(true).open(tmp) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StreamerError::Io {
+                op: "open download",
+                path: tmp.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let found = progress::read(&file).map_err(|source| StreamerError::Io {
+        op: "read download progress",
+        path: tmp.to_path_buf(),
+        source,
+    })?;
+    // Only the size the index gives: a file left by another version of the dataset is not
+    // joined (it is a different download, and its writer's lock says nothing of ours).
+    let sized = file.metadata().map(|m| m.len() == size).unwrap_or(false);
+    Ok((found.is_some() && sized).then_some(file))
+}
+
+/// Serves a shard that another process downloads, from its temp file, as its progress record
+/// grows. A background task follows the record, pins the file once its writer commits it, and
+/// finishes the download itself if the writer dies.
+async fn join_growing(
+    ds: &Arc<Inner>,
+    ps: &Arc<ProcState>,
+    shard: usize,
+    src: &ShardSource,
+    (file, tmp): (Arc<File>, PathBuf),
+    outage: &Arc<Outage>,
+) -> Result<ShardHandle> {
+    let (publisher, growing) = growing::channel(Arc::clone(&src.name));
+    let inflight = InFlight {
+        file: Arc::clone(&file),
+        tmp: tmp.clone(),
+        growing,
+        landing: Arc::new(Landing::default()),
+    };
+    if let Ok(mut map) = ps.inflight.lock() {
+        map.insert(shard, inflight.clone());
+    }
+    Metrics::add(&ds.metrics.shards_joined, 1);
+    {
+        let (ds, ps, src) = (Arc::clone(ds), Arc::clone(ps), src.clone());
+        let (landing, outage) = (Arc::clone(&inflight.landing), Arc::clone(outage));
+        ps.clone().spawn(async move {
+            let joined = Joined {
+                ds: &ds,
+                ps: &ps,
+                src: &src,
+                file: &file,
+                tmp: &tmp,
+            };
+            match joined.follow(&publisher, &landing, &outage).await {
+                Ok(()) => publisher.done(),
+                Err(e) => {
+                    let e = named(e, &src.name);
+                    warn!(shard = %src.name, error = %e, "a joined download failed");
+                    publisher.fail(e.to_string(), e.is_transient());
+                }
+            }
+            if let Ok(mut map) = ps.inflight.lock() {
+                map.remove(&shard);
+            }
+        });
+    }
+    open_growing(src, shard, inflight).await
+}
+
+/// Another process's download that this one reads.
+struct Joined<'a> {
+    ds: &'a Arc<Inner>,
+    ps: &'a Arc<ProcState>,
+    src: &'a ShardSource,
+    file: &'a Arc<File>,
+    tmp: &'a Path,
+}
+
+impl Joined<'_> {
+    /// Publishes the writer's progress until every byte is written, then pins the committed
+    /// file; finishes the download in this process if the writer is gone first.
+    async fn follow(
+        &self,
+        publisher: &Publisher,
+        landing: &Landing,
+        outage: &Arc<Outage>,
+    ) -> Result<()> {
+        let size = self.src.stored_size;
+        let spec = stored_spec(self.src);
+        let mut seen = 0u64;
+        let mut checked = std::time::Instant::now();
+        loop {
+            if let Some(n) = self.progress()?.filter(|&n| n > seen) {
+                seen = n.min(size);
+                publisher.advance(seen);
+                checked = std::time::Instant::now();
+            }
+            if seen >= size {
+                break;
+            }
+            if checked.elapsed() >= JOIN_LIVENESS {
+                checked = std::time::Instant::now();
+                if !self.writer_alive(&spec).await? {
+                    // It may have finished between the last look and the check.
+                    seen = seen.max(self.progress()?.unwrap_or(0).min(size));
+                    if seen >= size {
+                        publisher.advance(size);
+                        break;
+                    }
+                    return self.finish(seen, publisher, outage).await;
+                }
+            }
+            tokio::time::sleep(JOIN_POLL).await;
+        }
+        // Every byte is in the file; the writer commits it under its fetch lock. Pin the
+        // committed file like any hit. A writer that died before its commit leaves a new
+        // fetch to us: decline it, the bytes we need are in our descriptor.
+        match begin(self.ps, spec).await? {
+            Begin::Hit(lease) => landing.land(lease),
+            Begin::Fetch(guard) => drop(guard),
+        }
+        Ok(())
+    }
+
+    fn progress(&self) -> Result<Option<u64>> {
+        progress::read(self.file).map_err(|source| StreamerError::Io {
+            op: "read download progress",
+            path: self.tmp.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Whether the writer still holds the shard's fetch lock on this very file (a file
+    /// unlinked by a cleanup or a new fetch has no writer any more).
+    async fn writer_alive(&self, spec: &ShardSpec) -> Result<bool> {
+        let linked = self
+            .file
+            .metadata()
+            .map(|m| std::os::unix::fs::MetadataExt::nlink(&m) > 0)
+            .unwrap_or(false);
+        if !linked {
+            return Ok(false);
+        }
+        let (cache, spec) = (self.ps.cache.clone(), spec.clone());
+        blocking(move || Ok(cache.fetch_in_progress(&spec)?)).await
+    }
+
+    /// The writer is gone with `from` bytes written: fetch the rest into the same file.
+    async fn finish(&self, from: u64, publisher: &Publisher, outage: &Arc<Outage>) -> Result<()> {
+        warn!(
+            shard = %self.src.name,
+            written = from,
+            "the process downloading this shard stopped; fetching the rest"
+        );
+        Metrics::add(&self.ds.metrics.fetch_retries, 1);
+        let location = self.ps.locations.get(self.src.stream).ok_or_else(|| {
+            StreamerError::Engine(format!(
+                "shard {} has no stream {}",
+                self.src.name, self.src.stream
+            ))
+        })?;
+        resume(
+            self.ds,
+            location,
+            &self.src.stored_rel,
+            self.src.stored_size,
+            from,
+            self.file,
+            self.tmp,
+            Some(publisher),
+            outage,
+        )
+        .await
+    }
+}
+
+/// The cache entry of a shard's stored file.
+fn stored_spec(src: &ShardSource) -> ShardSpec {
+    ShardSpec {
+        key: src.name.to_string(),
+        size: src.stored_size,
+        hash: src.stored_hash.clone(),
+    }
 }
 
 /// What a growing shard's background task does.
@@ -387,7 +630,11 @@ async fn serve_growing(
         path: tmp.clone(),
         source,
     })?;
-    let (publisher, growing) = growing::channel(Arc::clone(&src.name));
+    // Only a plain download's temp file is the shard itself, readable by other processes.
+    let (publisher, growing) = match &job {
+        Job::Plain(_) => growing::shared_channel(Arc::clone(&src.name)),
+        Job::Decompress { .. } => growing::channel(Arc::clone(&src.name)),
+    };
     let publisher = Arc::new(publisher);
     let inflight = InFlight {
         file: Arc::new(file),
@@ -522,12 +769,7 @@ async fn begin_stored(ds: &Arc<Inner>, ps: &Arc<ProcState>, src: &ShardSource) -
         let lease = local_lease(ds, ps, path, src.stored_size, &src.stored_hash).await?;
         return Ok(Begin::Hit(lease));
     }
-    let spec = ShardSpec {
-        key: src.name.to_string(),
-        size: src.stored_size,
-        hash: src.stored_hash.clone(),
-    };
-    begin(ps, spec).await
+    begin(ps, stored_spec(src)).await
 }
 
 /// A local file read in place: its size checked on every open, its hash (where the index has

@@ -149,18 +149,67 @@ pub(crate) async fn download(
         .open(dest)
         .map_err(|e| io("open download", e))?;
     file.set_len(size).map_err(|e| io("size download", e))?;
+    let file = Arc::new(file);
+    if let Some(p) = progress.filter(|p| p.wants_sharing()) {
+        p.share_through(Arc::clone(&file));
+    }
+    fill(
+        ds,
+        location,
+        rel,
+        &file,
+        dest,
+        parts(size),
+        progress,
+        outage,
+    )
+    .await
+}
+
+/// Finishes a download another process started and abandoned: writes bytes `from..size` of
+/// `rel` into `file` (which holds the first `from` already), advancing `progress`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn resume(
+    ds: &Arc<Inner>,
+    location: &Location,
+    rel: &str,
+    size: u64,
+    from: u64,
+    file: &Arc<File>,
+    dest: &Path,
+    progress: Option<&Publisher>,
+    outage: &Arc<Outage>,
+) -> Result<()> {
+    let ranges = parts(size.saturating_sub(from))
+        .into_iter()
+        .map(|(lo, hi)| (lo + from, hi + from))
+        .collect();
+    fill(ds, location, rel, file, dest, ranges, progress, outage).await
+}
+
+/// Streams `ranges` (front to back, contiguous) of `rel` into `file`.
+#[allow(clippy::too_many_arguments)]
+async fn fill(
+    ds: &Arc<Inner>,
+    location: &Location,
+    rel: &str,
+    file: &Arc<File>,
+    dest: &Path,
+    ranges: Vec<(u64, u64)>,
+    progress: Option<&Publisher>,
+    outage: &Arc<Outage>,
+) -> Result<()> {
     let part = Part {
         ds,
         location,
         rel,
-        file: Arc::new(file),
+        file: Arc::clone(file),
         dest,
-        written: Written::new(parts(size)),
+        written: Written::new(ranges.clone()),
         progress,
         outage,
     };
     let concurrency = location.options().concurrency.max(1);
-    let ranges = part.written.parts.clone();
     futures::stream::iter(ranges.into_iter().enumerate())
         .map(|(i, range)| part.fetch(i, range))
         .buffer_unordered(concurrency)

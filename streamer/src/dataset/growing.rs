@@ -10,16 +10,20 @@
 //! the compressed file is complete (a decoder waiting for download chunks while holding its
 //! window's share of the budget could starve those very chunks).
 //!
-//! Only this process sees the prefix. Other processes of the node wait on the shard's fetch
-//! lock for the complete file, as before (`docs/cache.md`).
+//! A download of an uncompressed shard also shares its prefix with the other processes of the
+//! node, through an extended attribute of its temp file (`cache::progress`): a process that finds
+//! the shard's fetch lock taken joins the download ([`super::engine`]) instead of waiting for
+//! the commit. A decompression's output is not shared: other processes wait on the fetch lock
+//! for the complete file (`docs/cache.md`).
 
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 
-use crate::cache::ShardLease;
+use crate::cache::{progress, ShardLease};
 use crate::error::{Result, StreamerError};
 
 /// How far a file has been written.
@@ -40,6 +44,10 @@ enum Progress {
 pub(crate) struct Publisher {
     tx: watch::Sender<Progress>,
     finished: AtomicBool,
+    /// Whether the writer should share the prefix with other processes.
+    share: bool,
+    /// Once shared: the temp file whose progress attribute follows the prefix.
+    shared: OnceLock<Arc<File>>,
 }
 
 /// The readers' side: waits for a prefix. Cheap to clone.
@@ -52,26 +60,68 @@ pub(crate) struct Growing {
 
 /// A new pair for a file of which nothing is written yet.
 pub(crate) fn channel(what: Arc<str>) -> (Publisher, Growing) {
+    channel_with(what, false)
+}
+
+/// [`channel`] for a download whose prefix the other processes of the node may read
+/// ([`Publisher::share_through`]).
+pub(crate) fn shared_channel(what: Arc<str>) -> (Publisher, Growing) {
+    channel_with(what, true)
+}
+
+fn channel_with(what: Arc<str>, share: bool) -> (Publisher, Growing) {
     let (tx, rx) = watch::channel(Progress::Written(0));
     (
         Publisher {
             tx,
             finished: AtomicBool::new(false),
+            share,
+            shared: OnceLock::new(),
         },
         Growing { rx, what },
     )
 }
 
 impl Publisher {
+    /// Whether the download should share its prefix ([`Publisher::share_through`]).
+    pub(crate) fn wants_sharing(&self) -> bool {
+        self.share
+    }
+
+    /// From now on, each advance also sets the progress attribute of `file`, the temp file
+    /// being written (`cache::progress`). Where the file system has no user attributes, the
+    /// download is simply not shared.
+    pub(crate) fn share_through(&self, file: Arc<File>) {
+        match progress::write(&file, self.readable_now()) {
+            Ok(()) => {
+                let _ = self.shared.set(file);
+            }
+            Err(e) => tracing::debug!(error = %e, "download progress not shared"),
+        }
+    }
+
+    fn readable_now(&self) -> u64 {
+        match &*self.tx.borrow() {
+            Progress::Written(n) => *n,
+            _ => 0,
+        }
+    }
+
     /// The first `bytes` bytes are written. Never moves the prefix back.
     pub(crate) fn advance(&self, bytes: u64) {
-        self.tx.send_if_modified(|p| match p {
+        let moved = self.tx.send_if_modified(|p| match p {
             Progress::Written(n) if *n < bytes => {
                 *n = bytes;
                 true
             }
             _ => false,
         });
+        if let (true, Some(file)) = (moved, self.shared.get()) {
+            // Best effort: a reader that misses one update waits for the next.
+            if let Err(e) = progress::write(file, bytes) {
+                tracing::debug!(error = %e, "could not share download progress");
+            }
+        }
     }
 
     /// The file is complete and in the cache.

@@ -11,6 +11,7 @@ pub(crate) struct Metrics {
     pub fetch_requests: AtomicU64,
     pub fetch_retries: AtomicU64,
     pub shards_fetched: AtomicU64,
+    pub shards_joined: AtomicU64,
     pub samples: AtomicU64,
     pub sample_bytes: AtomicU64,
     pub sample_reads: AtomicU64,
@@ -35,6 +36,9 @@ pub struct MetricsSnapshot {
     pub fetch_retries: u64,
     /// Shards this process downloaded into the cache (`shardstream_shards_fetched_total`).
     pub shards_fetched: u64,
+    /// Shards this process read from another process's download while it arrived, instead of
+    /// waiting for its commit (`shardstream_shards_joined_total`).
+    pub shards_joined: u64,
     /// Shard requests served from the node cache (`shardstream_cache_hits_total`).
     pub cache_hits: u64,
     /// Shard requests that had to fetch (`shardstream_cache_misses_total`).
@@ -64,7 +68,7 @@ impl MetricsSnapshot {
     /// The snapshot in Prometheus' text exposition format (version 0.0.4), under the DESIGN §4
     /// names: `shardstream_*`, base units, no per-shard labels.
     pub fn to_prometheus(&self) -> String {
-        let counters: [(&str, &str, f64); 13] = [
+        let counters: [(&str, &str, f64); 14] = [
             (
                 "shardstream_fetch_bytes_total",
                 "Bytes downloaded from storage.",
@@ -84,6 +88,11 @@ impl MetricsSnapshot {
                 "shardstream_shards_fetched_total",
                 "Shards downloaded into the node cache by this process.",
                 self.shards_fetched as f64,
+            ),
+            (
+                "shardstream_shards_joined_total",
+                "Shards read from another process's download while it arrived.",
+                self.shards_joined as f64,
             ),
             (
                 "shardstream_cache_hits_total",
@@ -182,7 +191,7 @@ mod tests {
         assert!(text.contains("shardstream_consumer_stall_seconds_total 1.5\n"));
         assert!(text.contains("# TYPE shardstream_cache_bytes gauge\nshardstream_cache_bytes 77\n"));
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 15);
+        assert_eq!(samples.len(), 16);
         assert!(samples
             .iter()
             .all(|l| l.starts_with("shardstream_") && !l.contains('{')));

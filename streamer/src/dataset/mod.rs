@@ -492,6 +492,7 @@ impl Inner {
             fetch_requests: m.fetch_requests.load(Relaxed),
             fetch_retries: m.fetch_retries.load(Relaxed),
             shards_fetched: m.shards_fetched.load(Relaxed),
+            shards_joined: m.shards_joined.load(Relaxed),
             cache_hits: cache.hits,
             cache_misses: cache.misses,
             cache_evictions: cache.evictions,

@@ -143,6 +143,7 @@ fn stream(var: &dyn Fn(&str) -> String) -> Result<Json, shardstream_streamer::St
         "fetch_bytes": m.fetch_bytes,
         "fetch_requests": m.fetch_requests,
         "shards_fetched": m.shards_fetched,
+        "shards_joined": m.shards_joined,
         "cache_hits": m.cache_hits,
         "peak_rss": peak_rss(),
     }))

@@ -82,3 +82,69 @@ async fn serve(listener: TcpListener, upstream: SocketAddr) {
         }
     }
 }
+
+/// A TCP forwarder that passes each connection's first `limit` response bytes and then holds
+/// the rest back for good (the request side flows freely): a server that stalls mid-body.
+pub struct StallProxy {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl StallProxy {
+    pub async fn start(upstream: SocketAddr, limit: u64) -> StallProxy {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        if let Ok((client, _)) = accepted {
+                            connections.spawn(stall(client, upstream, limit));
+                        }
+                    }
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+        });
+        StallProxy { addr, task }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for StallProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn stall(client: TcpStream, upstream: SocketAddr, limit: u64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut server_rd, mut server_wr) = server.into_split();
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_rd, &mut server_wr).await;
+    });
+    let mut left = limit;
+    let mut buf = vec![0u8; 64 << 10];
+    while left > 0 {
+        let want = buf.len().min(left as usize);
+        let n = match server_rd.read(&mut buf[..want]).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if client_wr.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        left -= n as u64;
+    }
+    // Hold the connection open, sending nothing more, until the proxy is dropped.
+    std::future::pending::<()>().await;
+    drop(up);
+}

@@ -1,0 +1,238 @@
+//! Processes of one node share a shard's download while it arrives, against a real moto S3
+//! server. The first process to miss a shard downloads it; another that wants the same shard
+//! reads the bytes already written to the download's temp file instead of waiting for the
+//! commit, and finishes the download itself if the first process dies. Stalled servers make
+//! every step a condition, not a timing: the joiner's first samples must arrive while the
+//! writer's body is held back, and without a request of its own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
+
+mod common;
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::child::{self, ChildSpec};
+use common::outage::StallProxy;
+use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use shardstream_storage::testing::GateStore;
+use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
+
+/// Long enough for a loaded machine; the waits end as soon as their condition holds.
+const DEADLINE: Duration = Duration::from_secs(120);
+const SAMPLE_BYTES: usize = 8 << 10;
+const SAMPLES: u64 = 1000;
+
+fn config(cache: &Path) -> StreamingConfig {
+    StreamingConfig {
+        remote: "s3://bucket/ds".into(),
+        cache_root: Some(cache.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        memory_limit: Some(4 << 20),
+        ..StreamingConfig::default()
+    }
+}
+
+fn one_shard() -> Spec {
+    Spec {
+        samples: SAMPLES,
+        sample_bytes: SAMPLE_BYTES,
+        shard_limit: 64 << 20,
+        compression: None,
+        hashes: false,
+    }
+}
+
+fn in_order() -> StreamPlan {
+    StreamPlan {
+        order: OrderConfig::default(),
+        epoch: 0,
+        world: World::new(1, 1, 1, 1).unwrap(),
+        rank: Rank {
+            node: 0,
+            local_process: 0,
+            worker: 0,
+        },
+        start: 0,
+    }
+}
+
+/// Streams the epoch on a thread, sending each sample as it comes.
+fn consume(ds: StreamingDataset) -> mpsc::Receiver<StreamedSample> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for item in ds.stream(in_order()).unwrap() {
+            if tx.send(item.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Receives `n` samples (failing with `why` if they do not come).
+fn take(rx: &mpsc::Receiver<StreamedSample>, n: usize, why: &str) -> Vec<StreamedSample> {
+    (0..n)
+        .map(|_| rx.recv_timeout(DEADLINE).expect(why))
+        .collect()
+}
+
+fn check_all(got: &[StreamedSample]) {
+    assert_eq!(got.len() as u64, SAMPLES);
+    for (i, item) in got.iter().enumerate() {
+        assert_eq!(item.index, i as u64);
+        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
+    }
+}
+
+#[test]
+fn a_second_process_reads_a_download_while_it_arrives() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &one_shard());
+    let server = moto_with(data.path(), &rt);
+
+    // The writer's GET of the shard is held back after its first 2 MiB.
+    let plain = s3_location(&server.endpoint(), "ds");
+    let gate = GateStore::new(Arc::clone(plain.store()), "shard.00000.mds", 2 << 20);
+    let gated = {
+        let gate = gate.clone();
+        plain.clone().map_store(move |_| Arc::new(gate))
+    };
+    // Two datasets in one process have their own engines and cache handles: to the cache
+    // they are two processes, coordinated only by its file locks.
+    let writer = StreamingDataset::open_at(config(cache.path()), gated).unwrap();
+    assert_eq!(writer.num_shards(), 1, "the test needs one large shard");
+    let writer_rx = consume(writer.clone());
+    let mut writer_got = take(&writer_rx, 100, "the writer's first samples");
+    rt.block_on(async {
+        tokio::time::timeout(DEADLINE, gate.wait_held(1))
+            .await
+            .expect("the download never reached the stalled part of the shard")
+    });
+
+    let joiner = StreamingDataset::open_at(config(cache.path()), plain).unwrap();
+    let joiner_rx = consume(joiner.clone());
+    let mut joiner_got = take(
+        &joiner_rx,
+        100,
+        "a second process did not read the download while it arrived",
+    );
+    // Served from the writer's temp file: the writer's body is still held back, and the joiner
+    // sent no request of its own.
+    assert_eq!(gate.counts().released, 0);
+    let m = joiner.metrics();
+    assert_eq!(m.shards_joined, 1);
+    assert_eq!(m.fetch_requests, 0, "the joiner fetched the shard itself");
+    assert_eq!(
+        writer.metrics().shards_fetched,
+        0,
+        "nothing is committed yet"
+    );
+
+    gate.open();
+    writer_got.extend(take(&writer_rx, 900, "the writer's last samples"));
+    joiner_got.extend(take(&joiner_rx, 900, "the joiner's last samples"));
+    check_all(&writer_got);
+    check_all(&joiner_got);
+    let m = joiner.metrics();
+    assert_eq!(m.fetch_requests, 0);
+    assert_eq!(m.fetch_bytes, 0);
+    assert_eq!(writer.metrics().shards_fetched, 1);
+    // The stream's end waited for the joined download: the writer committed it, and the
+    // joiner's handle holds the committed file (no progress record left on it).
+    let handle = joiner.shard(0).unwrap();
+    assert!(handle.is_complete());
+    assert_eq!(
+        std::fs::metadata(handle.path()).unwrap().len(),
+        handle.len()
+    );
+}
+
+#[test]
+fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() {
+    if child::run_child() {
+        return;
+    }
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &one_shard());
+    let server = moto_with(data.path(), &rt);
+    // The child's every connection stalls after 2 MiB of response: its download of the 8 MiB
+    // shard stops part-way, its process alive and holding the fetch lock.
+    let proxy = rt.block_on(StallProxy::start(server.addr(), 2 << 20));
+    let out = data.path().join("child.json");
+    let spec = ChildSpec {
+        endpoint: proxy.endpoint(),
+        prefix: "ds".into(),
+        cache_root: cache.path().to_path_buf(),
+        processes: 1,
+        rank: 0,
+        memory_limit: 4 << 20,
+        cache_limit: None,
+        shuffle: false,
+        sample_bytes: SAMPLE_BYTES,
+        out,
+    };
+    let mut writer = child::spawn(
+        "a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it",
+        &spec,
+    );
+    // Wait until the child has written part of the shard (its temp file is the only file in
+    // tmp/, and grows past its first write).
+    let tmp = cache.path().join("run").join("0").join("tmp");
+    let started = Instant::now();
+    loop {
+        let written = std::fs::read_dir(&tmp)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .any(|m| m.len() > 0);
+        if written {
+            break;
+        }
+        if let Ok(Some(status)) = writer.try_wait() {
+            panic!("the child exited ({status}) before its download started");
+        }
+        assert!(started.elapsed() < DEADLINE, "the child never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let joiner =
+        StreamingDataset::open_at(config(cache.path()), s3_location(&server.endpoint(), "ds"))
+            .unwrap();
+    let rx = consume(joiner.clone());
+    let mut got = take(
+        &rx,
+        100,
+        "a second process did not read the download while it arrived",
+    );
+    assert_eq!(joiner.metrics().shards_joined, 1);
+    assert_eq!(joiner.metrics().fetch_requests, 0);
+
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    got.extend(take(
+        &rx,
+        900,
+        "the joiner did not finish the abandoned download",
+    ));
+    check_all(&got);
+    // It fetched only what the dead process had not written.
+    let m = joiner.metrics();
+    assert!(m.fetch_requests >= 1);
+    assert!(
+        m.fetch_bytes > 0 && m.fetch_bytes < 8_192_000,
+        "fetched {} bytes: the download was not resumed where it stopped",
+        m.fetch_bytes
+    );
+    assert_eq!(m.fetch_retries, 1);
+    drop(proxy);
+}
