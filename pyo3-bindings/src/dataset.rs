@@ -142,6 +142,7 @@ fn order_config(
     lanes: u32,
     remainder: &str,
     ramp: bool,
+    sample_ramp: bool,
 ) -> PyResult<OrderConfig> {
     let config = OrderConfig {
         seed,
@@ -150,6 +151,7 @@ fn order_config(
         lanes,
         remainder: remainder_of(remainder)?,
         ramp,
+        sample_ramp,
     };
     config.validate().map_err(from_streamer)?;
     Ok(config)
@@ -291,7 +293,7 @@ impl NativeDataset {
     }
 
     /// The number of global positions of an epoch under this order (before padding).
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, ramp=true))]
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, ramp=true, sample_ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn epoch_len(
         &self,
@@ -303,14 +305,16 @@ impl NativeDataset {
         remainder: &str,
         epoch: u64,
         ramp: bool,
+        sample_ramp: bool,
     ) -> PyResult<u64> {
-        let config = order_config(seed, shuffle, window, lanes, remainder, ramp)?;
+        let config = order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?;
         let order = self.epoch_order(py, &config, epoch)?;
         Ok(order.global_len())
     }
 
     /// A `StreamState` as JSON text: the position after `consumed` global positions of `epoch`.
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed, ramp=true))]
+    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed, ramp=true,
+        sample_ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn state_json(
         &self,
@@ -323,15 +327,17 @@ impl NativeDataset {
         epoch: u64,
         consumed: u64,
         ramp: bool,
+        sample_ramp: bool,
     ) -> PyResult<String> {
-        let config = order_config(seed, shuffle, window, lanes, remainder, ramp)?;
+        let config = order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?;
         let order = self.epoch_order(py, &config, epoch)?;
         serde_json::to_string(&StreamState::new(&order, consumed))
             .map_err(|e| PyValueError::new_err(format!("cannot serialise the stream state: {e}")))
     }
 
     /// Checks a `StreamState` JSON against this dataset; returns
-    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp)`.
+    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp,
+    /// sample_ramp)`.
     fn parse_state<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyTuple>> {
         let state: StreamState = serde_json::from_str(text)
             .map_err(|e| PyValueError::new_err(format!("invalid stream state: {e}")))?;
@@ -349,6 +355,7 @@ impl NativeDataset {
             state.consumed,
             order.global_len(),
             c.ramp,
+            c.sample_ramp,
         )
             .into_pyobject(py)
     }
@@ -379,7 +386,7 @@ impl NativeDataset {
     /// `NativeStream.next_columns` instead of decoded samples.
     #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
         processes_per_node, workers, batch_size, node, local_process, worker, start, raw=false,
-        ramp=true))]
+        ramp=true, sample_ramp=true))]
     #[allow(clippy::too_many_arguments)]
     fn stream(
         &self,
@@ -399,9 +406,10 @@ impl NativeDataset {
         start: u64,
         raw: bool,
         ramp: bool,
+        sample_ramp: bool,
     ) -> PyResult<NativeStream> {
         let plan = StreamPlan {
-            order: order_config(seed, shuffle, window, lanes, remainder, ramp)?,
+            order: order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?,
             epoch,
             world: World::new(nodes, processes_per_node, workers, batch_size)
                 .map_err(from_streamer)?,

@@ -23,6 +23,7 @@ fn config(shuffle: bool) -> OrderConfig {
         lanes: 64,
         remainder: Remainder::Pad,
         ramp: true,
+        sample_ramp: true,
     }
 }
 

@@ -36,19 +36,23 @@ fn config_strategy() -> impl Strategy<Value = OrderConfig> {
         1u32..13,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(seed, shuffle, window, lanes, drop, ramp)| OrderConfig {
-            seed,
-            shuffle,
-            window,
-            lanes,
-            remainder: if drop {
-                Remainder::Drop
-            } else {
-                Remainder::Pad
+        .prop_map(
+            |(seed, shuffle, window, lanes, drop, ramp, sample_ramp)| OrderConfig {
+                seed,
+                shuffle,
+                window,
+                lanes,
+                remainder: if drop {
+                    Remainder::Drop
+                } else {
+                    Remainder::Pad
+                },
+                ramp,
+                sample_ramp,
             },
-            ramp,
-        })
+        )
 }
 
 fn world_strategy() -> impl Strategy<Value = World> {
@@ -461,46 +465,101 @@ fn more_processes_than_samples_still_balances() {
 }
 
 #[test]
-fn a_state_with_the_ramp_is_version_2_and_one_without_stays_version_1() {
-    // Builds before the ramp read only version 1 and would ignore `ramp`: a state with the ramp
-    // must be one they refuse, and one without it one they can still resume.
-    let shape = DatasetShape::single(vec![10; 40]).unwrap();
-    let ramped = OrderConfig {
+fn each_ramp_setting_keeps_the_state_version_that_builds_before_it_read() {
+    // Builds before the shard ramp read only version 1 and would ignore `ramp`; builds before
+    // the sample ramp read versions 1 and 2 and would ignore `sample_ramp`. A state must be one
+    // that a build refuses unless that build resumes it in the saved order.
+    let shape = DatasetShape::single(vec![300; 40]).unwrap();
+    let both = OrderConfig {
         shuffle: true,
         ..OrderConfig::default()
     };
+    let shard_ramp = OrderConfig {
+        sample_ramp: false,
+        ..both
+    };
     let flat = OrderConfig {
         ramp: false,
-        ..ramped
+        ..shard_ramp
     };
-    let order = EpochOrder::new(&shape, &ramped, 0).unwrap();
-    let with_ramp = StreamState::new(&order, 5);
-    assert_eq!(with_ramp.version, 2);
-    let flat_order = EpochOrder::new(&shape, &flat, 0).unwrap();
-    let without = StreamState::new(&flat_order, 5);
-    assert_eq!(without.version, 1);
-    // What a build before the ramp wrote: version 1, no `ramp` field.
-    let mut old = serde_json::to_value(&without).unwrap();
-    old["config"].as_object_mut().unwrap().remove("ramp");
-    let old: StreamState = serde_json::from_value(old).unwrap();
-    let resumed = old.resume(&shape).unwrap();
     let at = |o: &EpochOrder| {
         (0..o.global_len())
             .map(|p| o.sample_at(p).unwrap())
             .collect::<Vec<_>>()
     };
-    assert_eq!(at(&resumed), at(&flat_order));
-    assert_ne!(at(&resumed), at(&order));
-    assert_eq!(at(&with_ramp.resume(&shape).unwrap()), at(&order));
-    // Version 1 with the ramp on is nothing any build wrote.
-    let forged = StreamState {
-        version: 1,
-        ..with_ramp
+    let orders = [both, shard_ramp, flat].map(|c| EpochOrder::new(&shape, &c, 0).unwrap());
+    let states = orders.each_ref().map(|o| StreamState::new(o, 5));
+    assert_eq!(states.each_ref().map(|s| s.version), [3, 2, 1]);
+    assert_ne!(at(&orders[0]), at(&orders[1]));
+    assert_ne!(at(&orders[1]), at(&orders[2]));
+    // What the builds before each setting wrote: no field for it (nor for later ones).
+    let mut v2 = serde_json::to_value(&states[1]).unwrap();
+    v2["config"].as_object_mut().unwrap().remove("sample_ramp");
+    let mut v1 = serde_json::to_value(&states[2]).unwrap();
+    for field in ["ramp", "sample_ramp"] {
+        v1["config"].as_object_mut().unwrap().remove(field);
+    }
+    for (old, order) in [(v2, &orders[1]), (v1, &orders[2])] {
+        let old: StreamState = serde_json::from_value(old).unwrap();
+        assert_eq!(at(&old.resume(&shape).unwrap()), at(order));
+    }
+    for (state, order) in states.iter().zip(&orders) {
+        assert_eq!(at(&state.resume(&shape).unwrap()), at(order));
+    }
+    // Version 1 with a ramp on, or version 2 with the sample ramp, is nothing any build wrote.
+    for (version, state) in [(1, &states[0]), (1, &states[1]), (2, &states[0])] {
+        let forged = StreamState {
+            version,
+            ..state.clone()
+        };
+        assert!(matches!(
+            forged.resume(&shape),
+            Err(StreamerError::UnsupportedStateVersion { found, .. }) if found == version
+        ));
+    }
+}
+
+#[test]
+fn the_sample_ramp_starts_an_epoch_near_the_start_of_its_first_shard() {
+    // 6,700 samples per shard (a 64 MiB shard of 10 KB samples): the first 104 positions come
+    // from the first shard's first 104 samples, the next 105 from its next 105, and so on.
+    let shape = DatasetShape::single(vec![6_700; 8]).unwrap();
+    let config = OrderConfig {
+        shuffle: true,
+        ..OrderConfig::default()
     };
-    assert!(matches!(
-        forged.resume(&shape),
-        Err(StreamerError::UnsupportedStateVersion { found: 1, .. })
-    ));
+    let order = EpochOrder::new(&shape, &config, 0).unwrap();
+    let first = order.sample_at(0).unwrap().shard;
+    let mut lo = 0;
+    for hi in [104u64, 209, 418, 837, 1675, 3350, 6700] {
+        let mut got: Vec<u64> = (lo..hi)
+            .map(|p| {
+                let s = order.sample_at(p).unwrap();
+                assert_eq!(s.shard, first, "position {p}");
+                s.index
+            })
+            .collect();
+        assert_ne!(
+            got,
+            (lo..hi).collect::<Vec<_>>(),
+            "part {lo}..{hi} is shuffled"
+        );
+        got.sort_unstable();
+        assert_eq!(got, (lo..hi).collect::<Vec<_>>(), "part {lo}..{hi}");
+        lo = hi;
+    }
+    // Without it, the first 104 positions are spread over the whole shard.
+    let plain = EpochOrder::new(
+        &shape,
+        &OrderConfig {
+            sample_ramp: false,
+            ..config
+        },
+        0,
+    )
+    .unwrap();
+    let spread = (0..104).map(|p| plain.sample_at(p).unwrap().index).max();
+    assert!(spread > Some(3_000), "{spread:?}");
 }
 
 #[test]

@@ -1,7 +1,9 @@
 """The shuffle's ramp (docs/sample-order.md, step 4): a shuffled epoch's first block is one shard,
-so its first batch waits for one shard instead of a whole window; `shuffle_ramp=False` keeps
-full-size blocks from the start; and a state saved without the ramp (turned off, or written
-before the setting existed) resumes in the order it was saved in."""
+so its first batch waits for one shard instead of a whole window, and that shard is shuffled in
+parts that halve towards its start (the sample ramp), so that the first batch waits for the
+shard's first few percent; `shuffle_ramp=False` keeps full-size blocks from the start; and a
+state saved without a ramp (turned off, or written before the setting existed) resumes in the
+order it was saved in."""
 
 from __future__ import annotations
 
@@ -78,16 +80,68 @@ def test_a_state_without_the_ramp_resumes_without_it(tmp_path, stream_env):
     flat.set_epoch(0)
     state = flat.state_dict(num_samples=120, from_beginning=True)
     assert state["shardstream"]["config"]["ramp"] is False
-    # Version 1, which builds before the ramp read; a state with the ramp is version 2, which
+    # Version 1, which builds before the ramp read; a state with the ramps is version 3, which
     # they refuse instead of resuming it in their order.
     assert state["shardstream"]["version"] == 1
     assert shardstream.StreamingDataset(
         local=str(root), shuffle=True, batch_size=BATCH
-    ).state_dict(num_samples=0)["shardstream"]["version"] == 2
+    ).state_dict(num_samples=0)["shardstream"]["version"] == 3
     # A state written before the setting existed has no `ramp` at all.
     old = json.loads(json.dumps(state))
     del old["shardstream"]["config"]["ramp"]
+    del old["shardstream"]["config"]["sample_ramp"]
     for saved in (state, old):
         resumed = shardstream.StreamingDataset(local=str(root), batch_size=BATCH)
         resumed.load_state_dict(saved)
         assert [s["id"] for s in resumed] == expected[120:]
+
+
+def _one_big_shard(tmp_path):
+    root = tmp_path / "big"
+    write_ids(root, 1000, size_limit=1 << 20)  # one shard of 1000 samples
+    assert len(json.loads((root / "index.json").read_text())["shards"]) == 1
+    return root
+
+
+def test_the_first_shard_is_shuffled_in_parts_that_halve_towards_its_start(tmp_path, stream_env):
+    root = _one_big_shard(tmp_path)
+    ids = [s["id"] for s in shardstream.StreamingDataset(
+        local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH
+    )]
+    # Parts of 1000 samples: 0-124, 125-249, 250-499, 500-999, each shuffled on its own.
+    for lo, hi in ((0, 125), (125, 250), (250, 500), (500, 1000)):
+        part = ids[lo:hi]
+        assert sorted(part) == list(range(lo, hi)), f"part {lo}..{hi}"
+        assert part != sorted(part), f"part {lo}..{hi} was not shuffled"
+    flat = [s["id"] for s in shardstream.StreamingDataset(
+        local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH, shuffle_ramp=False
+    )]
+    assert sorted(flat) == list(range(1000))
+    assert max(flat[:125]) > 500, "without the ramp the first samples span the shard"
+
+
+def test_a_state_from_before_the_sample_ramp_resumes_without_it(tmp_path, stream_env):
+    root = _one_big_shard(tmp_path)
+    ds = shardstream.StreamingDataset(local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH)
+    ramped = [s["id"] for s in ds]
+    ds.set_epoch(0)
+    state = ds.state_dict(num_samples=40, from_beginning=True)
+    assert state["shardstream"]["version"] == 3
+    assert state["shardstream"]["config"]["sample_ramp"] is True
+    # What the build before the sample ramp wrote: version 2, a shard ramp, no `sample_ramp`.
+    old = json.loads(json.dumps(state))
+    old["shardstream"]["version"] = 2
+    del old["shardstream"]["config"]["sample_ramp"]
+    resumed = shardstream.StreamingDataset(local=str(root), batch_size=BATCH)
+    resumed.load_state_dict(old)
+    rest = [s["id"] for s in resumed]
+    assert len(rest) == 960
+    assert rest != ramped[40:], "a version 2 state resumed in the sample ramp's order"
+    # One shard is one block with or without the shard ramp: that build's order is the flat one.
+    flat = [s["id"] for s in shardstream.StreamingDataset(
+        local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH, shuffle_ramp=False
+    )]
+    assert rest == flat[40:]
+    again = shardstream.StreamingDataset(local=str(root), batch_size=BATCH)
+    again.load_state_dict(state)
+    assert [s["id"] for s in again] == ramped[40:]

@@ -63,7 +63,8 @@ pub struct StreamArgs {
     #[arg(long)]
     pub window: Option<u32>,
     /// Full-size shuffle blocks from the start of each lane, without the ramp of 1, 2, 4, ...
-    /// shards that gets the first samples out sooner (see docs/sample-order.md).
+    /// shards (and of halving parts of the first shard) that gets the first samples out
+    /// sooner (see docs/sample-order.md).
     #[arg(long)]
     pub no_ramp: bool,
     /// Lanes of the order (like Mosaic's num_canonical_nodes); default: the number of nodes.
@@ -141,6 +142,7 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         window: args.window.unwrap_or(OrderConfig::DEFAULT_WINDOW),
         lanes: args.lanes.unwrap_or(nodes),
         ramp: !args.no_ramp,
+        sample_ramp: !args.no_ramp,
         ..OrderConfig::default()
     };
     let plan = StreamPlan {

@@ -63,6 +63,7 @@ class NativeDataset:
         remainder: str,
         epoch: int,
         ramp: bool = ...,
+        sample_ramp: bool = ...,
     ) -> int: ...
     def state_json(
         self,
@@ -74,8 +75,11 @@ class NativeDataset:
         epoch: int,
         consumed: int,
         ramp: bool = ...,
+        sample_ramp: bool = ...,
     ) -> str: ...
-    def parse_state(self, text: str) -> tuple[int, bool, int, int, str, int, int, int, bool]: ...
+    def parse_state(
+        self, text: str
+    ) -> tuple[int, bool, int, int, str, int, int, int, bool, bool]: ...
     def metrics(self) -> dict[str, int | float]: ...
     def stream(
         self,
@@ -96,6 +100,7 @@ class NativeDataset:
         start: int,
         raw: bool = ...,
         ramp: bool = ...,
+        sample_ramp: bool = ...,
     ) -> NativeStream: ...
 
 class NativeStream:

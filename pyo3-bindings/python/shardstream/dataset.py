@@ -175,7 +175,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._native_pid: int | None = None
         self._shuffle_window = shuffle_window
         self._window: int | None = None
-        self._ramp = bool(shuffle_ramp)
+        self._ramp = self._sample_ramp = bool(shuffle_ramp)
         self._lanes: int | None = num_canonical_nodes
         self._epoch = 0
         self._resume_start = 0  # positions of self._epoch consumed before this run
@@ -253,6 +253,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             lanes=self._lanes,
             remainder=self.remainder,
             ramp=self._ramp,
+            # Instances pickled before the sample ramp existed follow their shard ramp.
+            sample_ramp=getattr(self, "_sample_ramp", self._ramp),
         )
 
     def __len__(self) -> int:
@@ -324,10 +326,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """Continues from a `state_dict` (also one saved by a job of another size): the next
         iteration starts at the first sample the saved job had not consumed."""
         if "shardstream" in obj:
-            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp = (
+            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp, sample_ramp = (
                 self._native().parse_state(json.dumps(obj["shardstream"]))
             )
-            self.shuffle_seed, self.shuffle, self._ramp = seed, shuffle, ramp
+            self.shuffle_seed, self.shuffle = seed, shuffle
+            self._ramp, self._sample_ramp = ramp, sample_ramp
             self._window, self._lanes, self.remainder = window, lanes, remainder
         else:  # a Mosaic-style dict
             self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))

@@ -43,6 +43,16 @@ pub struct OrderConfig {
     /// existed has none and loads with `false`, so it resumes in the order it was saved in.
     #[serde(default)]
     pub ramp: bool,
+    /// Ramp the samples of each lane's first block as well: it is shuffled in parts of its
+    /// first `len / 2^k` samples, then the rest of `len / 2^(k-1)`, ... up to its second half,
+    /// the smallest part holding at least [`OrderConfig::SAMPLE_RAMP_MIN`] samples (see
+    /// [`sample_ramp_part`]). A cold epoch's first batch then waits for the first few percent
+    /// of its first shard instead of all of it (a 64 MiB shard of 10 KB samples: its first
+    /// MiB). The price: an epoch's first ~100 samples come from ~100 neighbouring samples of
+    /// one shard, as with WebDataset's initial shuffle buffer. A state saved before this
+    /// setting existed has none and loads with `false`.
+    #[serde(default)]
+    pub sample_ramp: bool,
 }
 
 impl OrderConfig {
@@ -50,6 +60,8 @@ impl OrderConfig {
     pub const DEFAULT_SEED: u64 = 9176;
     /// Default shards per shuffle block.
     pub const DEFAULT_WINDOW: u32 = 16;
+    /// Fewest samples in the first part of a lane's first block under `sample_ramp`.
+    pub const SAMPLE_RAMP_MIN: u64 = 64;
 
     /// Checks the ranges (`window >= 1`, `lanes >= 1`).
     pub fn validate(&self) -> Result<()> {
@@ -130,8 +142,28 @@ impl Default for OrderConfig {
             lanes: 1,
             remainder: Remainder::Pad,
             ramp: true,
+            sample_ramp: true,
         }
     }
+}
+
+/// Under `sample_ramp`, the part of a lane's first block (of `len` samples) that holds its
+/// sample `offset`, as offsets into the block. The block is cut at `len / 2^k`, ...,
+/// `len / 4`, `len / 2`, where `k` is the most halvings that leave at least
+/// [`OrderConfig::SAMPLE_RAMP_MIN`] samples in the first part; a block of fewer than twice
+/// that is one part.
+pub(crate) fn sample_ramp_part(len: u64, offset: u64) -> Range<u64> {
+    let mut hi = len;
+    let mut halvings = 0;
+    while halvings < 63 && (len >> (halvings + 1)) >= OrderConfig::SAMPLE_RAMP_MIN {
+        halvings += 1;
+        let lo = len >> halvings;
+        if offset >= lo {
+            return lo..hi;
+        }
+        hi = lo;
+    }
+    0..hi
 }
 
 #[cfg(test)]
@@ -211,6 +243,53 @@ mod tests {
         let old = r#"{"seed":1,"shuffle":true,"window":16,"lanes":1,"remainder":"pad"}"#;
         let c: OrderConfig = serde_json::from_str(old).unwrap();
         assert!(!c.ramp);
+        assert!(!c.sample_ramp);
         assert!(OrderConfig::default().ramp);
+        assert!(OrderConfig::default().sample_ramp);
+        let with_ramp =
+            r#"{"seed":1,"shuffle":true,"window":16,"lanes":1,"remainder":"pad","ramp":true}"#;
+        let c: OrderConfig = serde_json::from_str(with_ramp).unwrap();
+        assert!(c.ramp && !c.sample_ramp);
+    }
+
+    #[test]
+    fn the_sample_ramp_halves_the_first_block_down_to_its_minimum() {
+        let parts = |len: u64| {
+            let mut out = Vec::new();
+            let mut o = 0;
+            while o < len {
+                let part = sample_ramp_part(len, o);
+                assert!(part.contains(&o), "len {len} offset {o}: {part:?}");
+                out.push(part.clone());
+                o = part.end;
+            }
+            out
+        };
+        assert_eq!(parts(0), Vec::<Range<u64>>::new());
+        assert_eq!(parts(100), vec![(0..100)]);
+        assert_eq!(parts(127), vec![(0..127)]);
+        assert_eq!(parts(128), [0..64, 64..128]);
+        assert_eq!(parts(400), [0..100, 100..200, 200..400]);
+        assert_eq!(
+            parts(6_700),
+            [
+                0..104,
+                104..209,
+                209..418,
+                418..837,
+                837..1675,
+                1675..3350,
+                3350..6700
+            ]
+        );
+        for len in [1u64, 63, 64, 129, 1000, 4097, 1 << 40] {
+            let first = sample_ramp_part(len, 0);
+            assert!(
+                first.end >= OrderConfig::SAMPLE_RAMP_MIN.min(len),
+                "len {len}"
+            );
+            assert!(first.end < 2 * OrderConfig::SAMPLE_RAMP_MIN || first.end == len);
+            assert_eq!(sample_ramp_part(len, len - 1).end, len);
+        }
     }
 }

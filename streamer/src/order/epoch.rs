@@ -8,14 +8,16 @@
 //! 3. Each lane is cut into blocks of consecutive units: `window` of them, after a ramp of 1, 2,
 //!    4, ... units at the lane's start when `ramp` is on (at most half of the lane's units; see
 //!    [`BlockLayout`]). The first and last block of a lane may hold parts of units; inside a
-//!    block, samples are permuted by a keyed Feistel permutation.
+//!    block, samples are permuted by a keyed Feistel permutation; with `sample_ramp`, a lane's
+//!    first block is permuted in parts that halve towards its start (`sample_ramp_part`), so
+//!    that its first samples lie near the start of the first unit.
 //!
 //! Without `shuffle`, steps 1 and 3 keep the natural order; the lanes remain.
 
 use std::ops::Range;
 use std::time::Instant;
 
-use super::config::{BlockLayout, OrderConfig};
+use super::config::{sample_ramp_part, BlockLayout, OrderConfig};
 use super::prp::{derive_key, tag, Feistel, SplitMix64};
 use super::shape::DatasetShape;
 use super::units::{epoch_units, subset_index, Unit};
@@ -155,9 +157,21 @@ impl EpochOrder {
             return Some(self.sample_in_unit(unit, q));
         }
         let (j, block) = self.block_of(c, &lane, unit);
-        let key = derive_key(tag::BLOCK, &[self.config.seed, self.epoch, c, j]);
-        let shuffled = block.seq.start
-            + Feistel::new(block.seq.end - block.seq.start, key).permute(q - block.seq.start);
+        let offset = q - block.seq.start;
+        let block_len = block.seq.end - block.seq.start;
+        let shuffled = if j == 0 && self.config.sample_ramp {
+            let part = sample_ramp_part(block_len, offset);
+            let key = derive_key(
+                tag::BLOCK,
+                &[self.config.seed, self.epoch, c, j, part.start],
+            );
+            block.seq.start
+                + part.start
+                + Feistel::new(part.end - part.start, key).permute(offset - part.start)
+        } else {
+            let key = derive_key(tag::BLOCK, &[self.config.seed, self.epoch, c, j]);
+            block.seq.start + Feistel::new(block_len, key).permute(offset)
+        };
         let in_block = &self.starts[block.units.clone()];
         let unit = block.units.start
             + in_block

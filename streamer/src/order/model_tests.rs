@@ -6,9 +6,13 @@ use proptest::prelude::*;
 use super::reference::{naive_order, naive_padding_source, naive_partition};
 use super::*;
 
-/// Streams of up to 10 shards of up to 30 samples (empty shards included), with weights.
+/// Streams of up to 10 shards of up to 30 samples (empty shards included; now and then one of
+/// hundreds, for the sample ramp's parts), with weights.
 pub(crate) fn shape_strategy() -> impl Strategy<Value = DatasetShape> {
-    let stream = prop::collection::vec(prop_oneof![1 => Just(0u64), 8 => 1u64..30], 0..10);
+    let stream = prop::collection::vec(
+        prop_oneof![1 => Just(0u64), 16 => 1u64..30, 1 => 128u64..700],
+        0..10,
+    );
     let weight = prop_oneof![
         3 => Just(Weight::Natural),
         1 => (0u32..30).prop_map(|r| Weight::Repeat(f64::from(r) / 10.0)),
@@ -51,19 +55,23 @@ pub(crate) fn config_strategy() -> impl Strategy<Value = OrderConfig> {
         1u32..10,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(seed, shuffle, window, lanes, drop, ramp)| OrderConfig {
-            seed,
-            shuffle,
-            window,
-            lanes,
-            remainder: if drop {
-                Remainder::Drop
-            } else {
-                Remainder::Pad
+        .prop_map(
+            |(seed, shuffle, window, lanes, drop, ramp, sample_ramp)| OrderConfig {
+                seed,
+                shuffle,
+                window,
+                lanes,
+                remainder: if drop {
+                    Remainder::Drop
+                } else {
+                    Remainder::Pad
+                },
+                ramp,
+                sample_ramp,
             },
-            ramp,
-        })
+        )
 }
 
 pub(crate) fn world_strategy() -> impl Strategy<Value = World> {

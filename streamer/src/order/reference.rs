@@ -116,7 +116,27 @@ pub(crate) fn naive_order(shape: &DatasetShape, config: &OrderConfig, epoch: u64
                 e += 1;
             }
             let block = &lane[i..e];
-            if config.shuffle {
+            if config.shuffle && g == 0 && config.sample_ramp {
+                // The first block's parts, written out: its ends at len, len/2, len/4, ... while
+                // they leave at least SAMPLE_RAMP_MIN samples before them.
+                let len = block.len();
+                let min = OrderConfig::SAMPLE_RAMP_MIN as usize;
+                let mut cuts = vec![len];
+                let mut k = 1;
+                while k < 64 && (len >> k) >= min {
+                    cuts.push(len >> k);
+                    k += 1;
+                }
+                cuts.push(0);
+                cuts.reverse();
+                cuts.dedup();
+                for part in cuts.windows(2) {
+                    let (lo, hi) = (part[0], part[1]);
+                    let key = derive_key(tag::BLOCK, &[config.seed, epoch, c as u64, 0, lo as u64]);
+                    let perm = Feistel::new((hi - lo) as u64, key);
+                    out.extend((0..hi - lo).map(|o| block[lo + perm.permute(o as u64) as usize].1));
+                }
+            } else if config.shuffle {
                 let key = derive_key(tag::BLOCK, &[config.seed, epoch, c as u64, g as u64]);
                 let perm = Feistel::new(block.len() as u64, key);
                 out.extend((0..block.len()).map(|o| block[perm.permute(o as u64) as usize].1));

@@ -15,9 +15,11 @@ use crate::error::{Result, StreamerError};
 /// checkpoint, and continue with [`StreamState::resume`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamState {
-    /// Format version of this record: [`StreamState::VERSION`] for an order with the ramp,
-    /// [`StreamState::VERSION_WITHOUT_RAMP`] for one without (what builds before the ramp
-    /// wrote and read, so that they can still resume it, and refuse the other).
+    /// Format version of this record: [`StreamState::VERSION`] for an order with the sample
+    /// ramp, [`StreamState::VERSION_WITH_SHARD_RAMP`] for one with only the shard ramp,
+    /// [`StreamState::VERSION_WITHOUT_RAMP`] for one with neither: each is the version the
+    /// builds before that setting wrote and read, so that they still resume what they can and
+    /// refuse what they would read in another order.
     pub version: u32,
     /// The settings that fixed the order; a resume uses these, not the new run's.
     pub config: OrderConfig,
@@ -31,9 +33,12 @@ pub struct StreamState {
 }
 
 impl StreamState {
-    /// The version this build writes for an order with the ramp (`OrderConfig::ramp`).
-    pub const VERSION: u32 = 2;
-    /// The version of a state without the ramp; this build reads both.
+    /// The version this build writes for an order with the sample ramp
+    /// (`OrderConfig::sample_ramp`).
+    pub const VERSION: u32 = 3;
+    /// The version of a state with the shard ramp (`OrderConfig::ramp`) but not the sample ramp.
+    pub const VERSION_WITH_SHARD_RAMP: u32 = 2;
+    /// The version of a state without either ramp; this build reads all three.
     pub const VERSION_WITHOUT_RAMP: u32 = 1;
 
     /// The state after `consumed` positions of `order`'s epoch (capped at the epoch's length).
@@ -50,8 +55,10 @@ impl StreamState {
 
     /// The version a state of `config` is written as.
     fn version_for(config: &OrderConfig) -> u32 {
-        if config.ramp {
+        if config.sample_ramp {
             Self::VERSION
+        } else if config.ramp {
+            Self::VERSION_WITH_SHARD_RAMP
         } else {
             Self::VERSION_WITHOUT_RAMP
         }
