@@ -119,6 +119,18 @@ def moto():
 
 
 @pytest.fixture()
+def ctrl_c():
+    """Python's own SIGINT handler for the test's duration. A test run started in the background
+    (`cmd &` in a script, nohup, some CI runners) inherits SIGINT ignored, and Python then
+    installs no handler: a test of Ctrl-C would see nothing happen."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture()
 def stream_env(tmp_path, monkeypatch):
     """A run id and a cache root of the test's own for `shardstream.StreamingDataset` (DESIGN.md
     §4: the dataset refuses to invent a run id). Returns the environment it set."""

@@ -300,7 +300,7 @@ def test_uncommitted_directory_is_not_loadable(tmp_path):
     assert latest(tmp_path) is None
 
 
-def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch):
+def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch, ctrl_c):
     """A native call waiting on a server that does not answer returns KeyboardInterrupt on
     Ctrl-C instead of hanging until the request times out."""
     import signal
@@ -327,7 +327,7 @@ def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch):
         server.stop()
 
 
-def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch):
+def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch, ctrl_c):
     """Ctrl-C while `RankFileWriter.write` waits on a stalled server raises KeyboardInterrupt
     within a signal poll instead of hanging, aborts the upload, and the interrupted
     checkpoint never becomes `latest` (its manifest was never written)."""

@@ -17,8 +17,10 @@ from conftest import MotoServer, write_ids
 
 SCRIPT = textwrap.dedent(
     """
-    import faulthandler, sys
+    import faulthandler, signal, sys
     faulthandler.dump_traceback_later(12, exit=True)  # a hang shows where it is
+    # A test run started in the background inherits SIGINT ignored; Ctrl-C is what is tested.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import shardstream
     from shardstream._world import placement
     ds = shardstream.StreamingDataset(remote=sys.argv[1])
