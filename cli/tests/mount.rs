@@ -399,13 +399,19 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
+/// Bytes of the files under `dir`, each inode counted once: a shard renamed from the cache's
+/// temp folder into its data folder while the walk runs is seen in both, and counting it
+/// twice made the cache look one shard over its limit.
 fn dir_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     walkdir::WalkDir::new(dir)
         .into_iter()
         .filter_map(Result::ok)
         .filter_map(|e| e.metadata().ok())
         .filter(|m| m.is_file())
-        .map(|m| m.len())
+        .map(|m| ((m.dev(), m.ino()), m.len()))
+        .collect::<std::collections::HashMap<_, _>>()
+        .values()
         .sum()
 }
 
