@@ -46,7 +46,7 @@ pub struct OrderConfig {
     /// Ramp the samples of each lane's first block as well: it is shuffled in parts of its
     /// first `len / 2^k` samples, then the rest of `len / 2^(k-1)`, ... up to its second half,
     /// the smallest part holding at least [`OrderConfig::SAMPLE_RAMP_MIN`] samples (see
-    /// [`sample_ramp_part`]). A cold epoch's first batch then waits for the first few percent
+    /// `docs/sample-order.md`). A cold epoch's first batch then waits for the first few percent
     /// of its first shard instead of all of it (a 64 MiB shard of 10 KB samples: its first
     /// MiB). The price: an epoch's first ~100 samples come from ~100 neighbouring samples of
     /// one shard, as with WebDataset's initial shuffle buffer. A state saved before this
