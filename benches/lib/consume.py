@@ -27,6 +27,8 @@ SYSTEM = ""  # set per job: one child may run several systems (--smoke does, to 
 # and DataLoader. Whatever a loader costs beyond it is the loader's.
 MEMORY = "in-memory samples (ceiling)"
 MEMORY_DATA: dict = {}  # both orders and the sample size of the current job, set before timing
+# The binding with `zero_copy=True` (1 MB samples only): bytes stay in the engine's read.
+ZERO_COPY = "shardstream (python, zero_copy)"
 
 
 # --- turning each system's sample into (id, data), in the worker that produced it -----------------
@@ -39,6 +41,12 @@ def _extract_wds(s):
     return int(s["__key__"]), s["bin"]
 
 
+def _extract_in_place(s):
+    """shardstream's `zero_copy=True`: the sample's bytes stay in the Buffer they arrived in (a
+    read from the shard file), as `torch.frombuffer`/`np.frombuffer` would use them."""
+    return int(s["id"]), s["data"]
+
+
 EXTRACT = _extract_dict
 
 
@@ -46,7 +54,7 @@ def use_system(system: str) -> None:
     """Selects the system of the next epochs (DataLoader workers forked after this inherit it)."""
     global SYSTEM, EXTRACT
     SYSTEM = system
-    EXTRACT = _extract_wds if system == "webdataset" else _extract_dict
+    EXTRACT = {"webdataset": _extract_wds, ZERO_COPY: _extract_in_place}.get(system, _extract_dict)
 
 
 def collate(batch):
@@ -138,6 +146,11 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
         import shardstream
 
         ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
+    elif SYSTEM == ZERO_COPY:
+        import shardstream
+
+        ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs,
+                                          zero_copy=True)
     elif SYSTEM == "shardstream (python, iter_batches)":
         import shardstream
 

@@ -241,6 +241,9 @@ class Report:
                f"{frac(py_read, self._ceiling(big, 'warm')):.2f})"
                if frac(py_big, py_read) is not None and frac(py_read, self._ceiling(big, "warm")) is not None else "")
         add(4, f"Python warm, {big}: ≥ 0.90 × page-cache read", frac(py_big, self._ceiling(big, "warm")), 0.90, what=ctx)
+        py_zc = self._find("streaming", "shardstream (python, zero_copy)", big, cfg_w)
+        add(4, f"Python warm, {big}, `zero_copy=True` (each sample read once from the page cache, as `cat` reads it): "
+               "≥ 0.90 × page-cache read", frac(py_zc, self._ceiling(big, "warm")), 0.90)
         for what, attr in (("time to first sample", "ttfs_s"), ("peak memory", "peak_mem")):
             r, peers = self._find("streaming", py, mid, dl), [x for x in self.rows if x.section == "streaming" and x.kind == "peer" and x.profile == mid and x.config == dl and getattr(x, attr)]
             v = (getattr(r, attr)["median"] / min(getattr(p, attr)["median"] for p in peers)) if r and getattr(r, attr) and peers else None

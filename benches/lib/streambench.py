@@ -21,6 +21,8 @@ LIB = Path(__file__).resolve().parent
 # The consumer's ceiling (consume.py): the same samples made in memory, through the same loop and
 # DataLoader; its rows are "memory · ..." and it is not a peer.
 MEMORY = "in-memory samples (ceiling)"
+# The binding with `zero_copy=True`: samples' bytes stay in the engine's read (consume.py).
+ZERO_COPY = "shardstream (python, zero_copy)"
 
 CONFIGS = [
     {"workers": 0, "shuffle": False},
@@ -68,15 +70,19 @@ class PythonLoader:
     consume.py: one child process per (profile, cold|warm) running every config `runs` times."""
 
     FORMATS = {"mosaicml-streaming": "mds", "litdata": "litdata", "webdataset": "wds", "shardstream (python)": "mds",
-               "shardstream (python, iter_batches)": "mds", MEMORY: "mds"}
+               "shardstream (python, iter_batches)": "mds", ZERO_COPY: "mds", MEMORY: "mds"}
 
-    def __init__(self, system: str, kind: str) -> None:
+    def __init__(self, system: str, kind: str, profiles: tuple[str, ...] | None = None) -> None:
         self.system, self.kind, self.fmt = system, kind, self.FORMATS[system]
+        self.profiles = profiles  # None: every profile
+
+    def runs_profile(self, name: str) -> bool:
+        return self.profiles is None or name in self.profiles
 
     def unavailable(self, ctx: Ctx) -> str | None:
         module = {"mosaicml-streaming": "streaming", "litdata": "litdata", "webdataset": "webdataset",
                   "shardstream (python)": "shardstream", "shardstream (python, iter_batches)": "shardstream",
-                  MEMORY: "torch"}[self.system]
+                  ZERO_COPY: "shardstream", MEMORY: "torch"}[self.system]
         probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
         # A package that is there but cannot stream yet (the binding's native part landing later)
         # fails its first, untimed epoch and is skipped with that error as the reason.
@@ -220,6 +226,8 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
     s3 = ctx.server.client()
     for loader in loaders:
         for profile in profiles:
+            if not loader.runs_profile(profile.name):
+                continue
             local_files = [str(f) for f in datasets.files_of(ctx.dirs[profile.name]["wds"])]
             urls = []
             if loader.system == "webdataset":
@@ -281,6 +289,8 @@ def run_all(ctx: Ctx, log) -> tuple[list[Row], list[Skip]]:
         ShardstreamCli(),
         PythonLoader("shardstream (python)", "shardstream"),
         PythonLoader("shardstream (python, iter_batches)", "shardstream"),
+        # `zero_copy=True` is for large samples (docs/python.md): the 1 MB profile only.
+        PythonLoader(ZERO_COPY, "shardstream", profiles=("1MB",)),
         PythonLoader("mosaicml-streaming", "peer"),
         PythonLoader("litdata", "peer"),
         PythonLoader("webdataset", "peer"),

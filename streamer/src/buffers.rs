@@ -18,6 +18,17 @@ use crate::dataset::RUN_BYTES;
 /// Capacity a recycled allocation may have whatever the read's size.
 const SMALL_SLACK: usize = 4 << 10;
 
+/// The read pool of the latest memory limit a dataset of this process was opened with (see
+/// [`BufferPool::for_memory_limit`]).
+static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
+
+/// A pool kept for the next datasets, and the process that made it.
+#[derive(Debug)]
+struct KeptPool {
+    pid: u32,
+    pool: Arc<BufferPool>,
+}
+
 /// Allocations a stream keeps for its next reads, at most `max_bytes` of capacity in all.
 #[derive(Debug)]
 pub struct BufferPool {
@@ -49,10 +60,45 @@ impl BufferPool {
     /// flight), a sixteenth of the limit, at least one run of [`RUN_BYTES`] (so that a small
     /// limit still reads in-order runs into the same allocation) and at most 16 runs. The pool
     /// only holds what was in circulation: a stream of small samples keeps little.
+    ///
+    /// Datasets of one process opened with the same limit share one pool: a training script
+    /// that opens a new dataset for each epoch (or for each evaluation pass) then reads into
+    /// allocations that are already mapped instead of faulting in and zeroing its first
+    /// megabytes again. Only the pool of the latest limit is kept for later datasets, so a
+    /// process holds at most one pool beyond those of its open datasets, sized for the limit
+    /// it opened last.
     pub(crate) fn for_memory_limit(limit: u64) -> Arc<Self> {
         let one_run = RUN_BYTES + 4096;
         let max_bytes = (limit / 16).clamp(one_run, 16 * RUN_BYTES) as usize;
-        BufferPool::new(max_bytes, RUN_BYTES as usize + 4096)
+        BufferPool::kept_in(&LATEST_POOL, max_bytes, RUN_BYTES as usize + 4096)
+    }
+
+    /// The pool `slot` keeps for pools of these sizes in this process, or a new one that
+    /// `slot` then keeps instead.
+    fn kept_in(slot: &Mutex<Option<KeptPool>>, max_bytes: usize, max_each: usize) -> Arc<Self> {
+        let pid = std::process::id();
+        // `try_lock`: a DataLoader worker forked while another thread of its parent opened a
+        // dataset must not wait for a lock no thread of its own will release.
+        let mut kept = match slot.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return BufferPool::new(max_bytes, max_each)
+            }
+        };
+        if let Some(k) = kept.as_ref() {
+            if k.pid == pid && k.pool.max_bytes == max_bytes && k.pool.max_each == max_each {
+                return Arc::clone(&k.pool);
+            }
+        }
+        // A pool inherited through fork would do no harm (its allocations are this process's
+        // own copies), but it was sized for the parent's datasets.
+        let pool = BufferPool::new(max_bytes, max_each);
+        *kept = Some(KeptPool {
+            pid,
+            pool: Arc::clone(&pool),
+        });
+        pool
     }
 
     /// A kept allocation fit for a read of `want` bytes (its length is what it last held), or
@@ -164,6 +210,30 @@ impl Drop for PooledBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datasets_of_one_limit_share_the_kept_pool_and_a_new_limit_replaces_it() {
+        let slot = Mutex::new(None);
+        let first = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);
+        drop(PooledBuffer::pooled(vec![1u8; 1000], &first));
+        let again = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);
+        assert!(Arc::ptr_eq(&first, &again), "the same sizes share a pool");
+        assert_eq!(again.take(1000).len(), 1000, "and its kept allocations");
+        let other = BufferPool::kept_in(&slot, 8 << 20, 1 << 20);
+        assert!(!Arc::ptr_eq(&first, &other), "other sizes get their own");
+        let back = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);
+        assert!(
+            !Arc::ptr_eq(&first, &back),
+            "only the latest sizes' pool is kept for later datasets"
+        );
+        let held = slot.lock().unwrap();
+        let busy = BufferPool::kept_in(&slot, 8 << 20, 1 << 20);
+        drop(held);
+        assert!(
+            !Arc::ptr_eq(&busy, &BufferPool::kept_in(&slot, 8 << 20, 1 << 20)),
+            "a held slot gives a pool of its own instead of a wait"
+        );
+    }
 
     #[test]
     fn a_held_free_list_means_no_pooling_instead_of_a_wait() {

@@ -1,8 +1,9 @@
 //! The fetch engine: the per-process tokio runtime and cache handle, and the steps that put one
 //! shard, decompressed, on the node's disk.
 //!
-//! - The runtime and the cache handle are created lazily, per process: a dataset opened before
-//!   `fork` (Python DataLoader workers) builds new ones in the child on first use. The parent's
+//! - The cache handle is created lazily, per dataset and process, and the runtime once per
+//!   process for all its datasets ([`process_runtime`]): a dataset opened before `fork` (Python
+//!   DataLoader workers) builds new ones in the child on first use. The parent's
 //!   copies are leaked in the child, never dropped there: dropping them would join threads that
 //!   do not exist in the child and unlock the parent's `flock`s, which the child shares.
 //! - A shard is fetched ([`super::fetch`]) into the cache's temp file and decompressed
@@ -49,8 +50,8 @@ pub(crate) const DAMAGED_ATTEMPTS: u32 = 3;
 #[derive(Debug)]
 pub(crate) struct ProcState {
     pub pid: u32,
-    /// `None` only while being dropped.
-    rt: Option<Runtime>,
+    /// The process's fetch runtime, shared by all its datasets (see [`process_runtime`]).
+    rt: Arc<Runtime>,
     pub cache: Cache,
     /// One per stream. Opened again in each process when the dataset was opened by URL: an
     /// HTTP connection pool inherited through fork holds the parent's sockets and tasks.
@@ -111,17 +112,12 @@ impl ProcSlot {
             );
             std::mem::forget(stale);
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("shardstream-fetch")
-            .enable_all()
-            .build()
-            .map_err(|e| StreamerError::Engine(format!("cannot start the runtime: {e}")))?;
+        let rt = process_runtime()?;
         let cache = Cache::open(dir, config.clone())?;
         let locations = locations()?;
         let state = Arc::new(ProcState {
             pid,
-            rt: Some(rt),
+            rt,
             cache,
             locations,
             inflight: Mutex::default(),
@@ -138,11 +134,7 @@ impl ProcState {
         &self,
         fut: impl std::future::Future<Output = T> + Send + 'static,
     ) -> tokio::task::JoinHandle<T> {
-        match &self.rt {
-            Some(rt) => rt.spawn(fut),
-            // Unreachable: the runtime is only taken out in `drop`.
-            None => tokio::spawn(fut),
-        }
+        self.rt.spawn(fut)
     }
 
     /// Runs `fut` on the engine's runtime and waits for it from a plain thread.
@@ -198,16 +190,34 @@ impl ProcState {
     }
 }
 
-impl Drop for ProcState {
-    fn drop(&mut self) {
-        // The last reference may be dropped by one of the runtime's own tasks (a background
-        // download that outlived its dataset), where a blocking shutdown would panic.
-        if let Some(rt) = self.rt.take() {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                rt.shutdown_background();
-            }
+/// The fetch runtime of this process, made on first use and again after a fork (the parent's,
+/// whose threads the child does not have, is leaked there, as the module docs say).
+///
+/// One per process, not one per dataset: a script that opens a new dataset for each epoch
+/// would otherwise start and join the runtime's threads, and spawn its blocking threads
+/// afresh, every epoch, before its first sample. It is never shut down: a background download
+/// of a dataset already dropped finishes (and commits its shard) as it did before.
+fn process_runtime() -> Result<Arc<Runtime>> {
+    static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(Arc::clone(rt));
         }
     }
+    if let Some(stale) = slot.take() {
+        std::mem::forget(stale);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("shardstream-fetch")
+        .enable_all()
+        .build()
+        .map_err(|e| StreamerError::Engine(format!("cannot start the runtime: {e}")))?;
+    let rt = Arc::new(rt);
+    *slot = Some((pid, Arc::clone(&rt)));
+    Ok(rt)
 }
 
 /// Where one shard's bytes come from, resolved at open from the index.
@@ -830,4 +840,36 @@ async fn fetch_stored(
     .await?;
     Metrics::add(&ds.metrics.shards_fetched, 1);
     blocking(move || Ok(guard.commit()?)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dataset_of_a_process_uses_its_one_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CacheConfig::new(1 << 20);
+        let first = ProcSlot::default();
+        let a = first
+            .get(&dir.path().join("a"), &config, || Ok(Vec::new()))
+            .unwrap();
+        let b = ProcSlot::default()
+            .get(&dir.path().join("b"), &config, || Ok(Vec::new()))
+            .unwrap();
+        assert!(Arc::ptr_eq(&a.rt, &b.rt), "two datasets share the runtime");
+        drop((a, first));
+        let c = ProcSlot::default()
+            .get(&dir.path().join("c"), &config, || Ok(Vec::new()))
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&b.rt, &c.rt),
+            "and a dataset dropped does not take it down"
+        );
+        assert_eq!(
+            c.block_on(async { Ok(7) }).unwrap(),
+            7,
+            "it still runs work"
+        );
+    }
 }
