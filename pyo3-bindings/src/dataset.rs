@@ -820,7 +820,16 @@ fn elem_bytes(dtype: DType, shape: &[u64]) -> u64 {
 }
 
 /// Adds this module's classes.
+/// Frees the read buffers the process keeps for its next datasets (called before `fork`; see
+/// `shardstream_streamer::buffers::release_kept_buffers`).
+/// Holds the GIL: it only frees memory, and Python's fork hooks run with it.
+#[pyfunction]
+fn release_read_buffers() {
+    shardstream_streamer::buffers::release_kept_buffers();
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(release_read_buffers, m)?)?;
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     Ok(())

@@ -22,6 +22,21 @@ const SMALL_SLACK: usize = 4 << 10;
 /// [`BufferPool::for_memory_limit`]).
 static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 
+/// Frees the allocations of the read pool this process keeps for its next datasets (see
+/// [`BufferPool::for_memory_limit`]). For a process about to fork: its children (DataLoader
+/// workers) make their own pools and would only inherit these megabytes, unused, in their
+/// memory. The next reads of this process fill the pool again.
+pub fn release_kept_buffers() {
+    let kept = match LATEST_POOL.try_lock() {
+        Ok(guard) => guard,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    if let Some(k) = kept.as_ref() {
+        k.pool.release();
+    }
+}
+
 /// A pool kept for the next datasets, and the process that made it.
 #[derive(Debug)]
 struct KeptPool {
@@ -71,6 +86,14 @@ impl BufferPool {
         let one_run = RUN_BYTES + 4096;
         let max_bytes = (limit / 16).clamp(one_run, 16 * RUN_BYTES) as usize;
         BufferPool::kept_in(&LATEST_POOL, max_bytes, RUN_BYTES as usize + 4096)
+    }
+
+    /// Frees the allocations kept for the next reads (the pool itself stays usable).
+    fn release(&self) {
+        if let Some(mut free) = self.lock() {
+            free.buffers = Vec::new();
+            free.bytes = 0;
+        }
     }
 
     /// The pool `slot` keeps for pools of these sizes in this process, or a new one that
@@ -219,6 +242,9 @@ mod tests {
         let again = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);
         assert!(Arc::ptr_eq(&first, &again), "the same sizes share a pool");
         assert_eq!(again.take(1000).len(), 1000, "and its kept allocations");
+        drop(PooledBuffer::pooled(vec![1u8; 1000], &first));
+        first.release();
+        assert_eq!(first.kept_bytes(), 0, "released before a fork");
         let other = BufferPool::kept_in(&slot, 8 << 20, 1 << 20);
         assert!(!Arc::ptr_eq(&first, &other), "other sizes get their own");
         let back = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);

@@ -24,6 +24,9 @@ class Buffer:
     def __eq__(self, other: object) -> bool: ...
     def __buffer__(self, flags: int) -> memoryview: ...
 
+def release_read_buffers() -> None:
+    """Frees the read buffers the process keeps for its next datasets (run before every fork)."""
+
 class NativeDataset:
     def __init__(
         self,

@@ -8,6 +8,7 @@ asks the native stream for its share of the epoch, and hands out what the native
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -32,6 +33,11 @@ else:
         import numpy.random  # noqa: F401
     except ImportError:  # pragma: no cover
         pass
+
+# The engine keeps the read buffers of a finished dataset for the next one of the process
+# (docs/streaming.md); a forked DataLoader worker makes its own and would only carry the
+# parent's, unused, in its memory. Free them before every fork.
+os.register_at_fork(before=_native.release_read_buffers)
 
 DEFAULT_SEED = 9176
 DEFAULT_WINDOW = 16
