@@ -821,12 +821,29 @@ fn elem_bytes(dtype: DType, shape: &[u64]) -> u64 {
 
 /// Adds this module's classes.
 /// Frees the read buffers the process keeps for its next datasets (called before `fork`; see
-/// `shardstream_streamer::buffers::release_kept_buffers`).
-/// Holds the GIL: it only frees memory, and Python's fork hooks run with it.
+/// `shardstream_streamer::buffers::release_kept_buffers`), and hands the memory back to the
+/// kernel: freed 1 MiB buffers usually stay in malloc's free lists, which the children would
+/// inherit all the same. Holds the GIL: it only frees memory, and Python's fork hooks run with
+/// it. Trims only when buffers were freed (a DataLoader forks once per worker).
 #[pyfunction]
 fn release_read_buffers() {
-    shardstream_streamer::buffers::release_kept_buffers();
+    if shardstream_streamer::buffers::release_kept_buffers() > 0 {
+        trim_allocator();
+    }
 }
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // one FFI call without arguments to free memory
+fn trim_allocator() {
+    // SAFETY: malloc_trim takes no pointers and only returns free memory of the allocator's
+    // own arenas to the kernel; it is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_allocator() {}
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_read_buffers, m)?)?;

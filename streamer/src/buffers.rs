@@ -25,15 +25,17 @@ static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 /// Frees the allocations of the read pool this process keeps for its next datasets (see
 /// [`BufferPool::for_memory_limit`]). For a process about to fork: its children (DataLoader
 /// workers) make their own pools and would only inherit these megabytes, unused, in their
-/// memory. The next reads of this process fill the pool again.
-pub fn release_kept_buffers() {
+/// memory. The next reads of this process fill the pool again. Returns the bytes freed (the
+/// allocator may keep them in its free lists; see the binding's caller, which trims them).
+pub fn release_kept_buffers() -> usize {
     let kept = match LATEST_POOL.try_lock() {
         Ok(guard) => guard,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return,
+        Err(std::sync::TryLockError::WouldBlock) => return 0,
     };
-    if let Some(k) = kept.as_ref() {
-        k.pool.release();
+    match kept.as_ref() {
+        Some(k) if k.pid == std::process::id() => k.pool.release(),
+        _ => 0,
     }
 }
 
@@ -88,11 +90,15 @@ impl BufferPool {
         BufferPool::kept_in(&LATEST_POOL, max_bytes, RUN_BYTES as usize + 4096)
     }
 
-    /// Frees the allocations kept for the next reads (the pool itself stays usable).
-    fn release(&self) {
-        if let Some(mut free) = self.lock() {
-            free.buffers = Vec::new();
-            free.bytes = 0;
+    /// Frees the allocations kept for the next reads (the pool itself stays usable); returns
+    /// their bytes.
+    fn release(&self) -> usize {
+        match self.lock() {
+            Some(mut free) => {
+                free.buffers = Vec::new();
+                std::mem::take(&mut free.bytes)
+            }
+            None => 0,
         }
     }
 
@@ -243,8 +249,8 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &again), "the same sizes share a pool");
         assert_eq!(again.take(1000).len(), 1000, "and its kept allocations");
         drop(PooledBuffer::pooled(vec![1u8; 1000], &first));
-        first.release();
-        assert_eq!(first.kept_bytes(), 0, "released before a fork");
+        assert_eq!(first.release(), 1000, "released before a fork");
+        assert_eq!(first.kept_bytes(), 0);
         let other = BufferPool::kept_in(&slot, 8 << 20, 1 << 20);
         assert!(!Arc::ptr_eq(&first, &other), "other sizes get their own");
         let back = BufferPool::kept_in(&slot, 4 << 20, 1 << 20);

@@ -46,6 +46,7 @@ pub mod cache;
 pub mod dataset;
 pub mod error;
 pub mod order;
+pub mod runtime;
 
 pub use dataset::{
     MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamSpec, StreamedSample,

@@ -62,7 +62,8 @@ def test_a_fork_frees_the_kept_read_buffers(tenk, stream_env):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     after = rss_mib()
-    # The pool of the default 512 MiB limit keeps up to 16 MiB; these reads leave 12-16 MiB in it.
-    assert before - after >= 6, f"RSS {before:.1f} MiB before the fork, {after:.1f} after"
+    # The pool of the default 512 MiB limit keeps up to 16 MiB; these reads leave 12-16 MiB in it,
+    # and the hook hands them back to the kernel (malloc_trim), not only to malloc.
+    assert before - after >= 8, f"RSS {before:.1f} MiB before the fork, {after:.1f} after"
     ds = shardstream.StreamingDataset(local=str(tenk))
     assert sum(1 for _ in ds) == N, "the pool fills again after the fork"

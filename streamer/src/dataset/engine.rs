@@ -2,7 +2,7 @@
 //! shard, decompressed, on the node's disk.
 //!
 //! - The cache handle is created lazily, per dataset and process, and the runtime once per
-//!   process for all its datasets ([`process_runtime`]): a dataset opened before `fork` (Python
+//!   process for all its datasets ([`crate::runtime`]): a dataset opened before `fork` (Python
 //!   DataLoader workers) builds new ones in the child on first use. The parent's
 //!   copies are leaked in the child, never dropped there: dropping them would join threads that
 //!   do not exist in the child and unlock the parent's `flock`s, which the child shares.
@@ -50,7 +50,7 @@ pub(crate) const DAMAGED_ATTEMPTS: u32 = 3;
 #[derive(Debug)]
 pub(crate) struct ProcState {
     pub pid: u32,
-    /// The process's fetch runtime, shared by all its datasets (see [`process_runtime`]).
+    /// The process's runtime, shared by all its datasets ([`crate::runtime`]).
     rt: Arc<Runtime>,
     pub cache: Cache,
     /// One per stream. Opened again in each process when the dataset was opened by URL: an
@@ -112,7 +112,8 @@ impl ProcSlot {
             );
             std::mem::forget(stale);
         }
-        let rt = process_runtime()?;
+        let rt = crate::runtime::process_runtime()
+            .map_err(|e| StreamerError::Engine(format!("cannot start the runtime: {e}")))?;
         let cache = Cache::open(dir, config.clone())?;
         let locations = locations()?;
         let state = Arc::new(ProcState {
@@ -188,36 +189,6 @@ impl ProcState {
             pending.push(task);
         }
     }
-}
-
-/// The fetch runtime of this process, made on first use and again after a fork (the parent's,
-/// whose threads the child does not have, is leaked there, as the module docs say).
-///
-/// One per process, not one per dataset: a script that opens a new dataset for each epoch
-/// would otherwise start and join the runtime's threads, and spawn its blocking threads
-/// afresh, every epoch, before its first sample. It is never shut down: a background download
-/// of a dataset already dropped finishes (and commits its shard) as it did before.
-fn process_runtime() -> Result<Arc<Runtime>> {
-    static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((owner, rt)) = slot.as_ref() {
-        if *owner == pid {
-            return Ok(Arc::clone(rt));
-        }
-    }
-    if let Some(stale) = slot.take() {
-        std::mem::forget(stale);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("shardstream-fetch")
-        .enable_all()
-        .build()
-        .map_err(|e| StreamerError::Engine(format!("cannot start the runtime: {e}")))?;
-    let rt = Arc::new(rt);
-    *slot = Some((pid, Arc::clone(&rt)));
-    Ok(rt)
 }
 
 /// Where one shard's bytes come from, resolved at open from the index.
