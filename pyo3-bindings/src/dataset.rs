@@ -819,7 +819,6 @@ fn elem_bytes(dtype: DType, shape: &[u64]) -> u64 {
     shape.iter().product::<u64>() * dtype.size() as u64
 }
 
-/// Adds this module's classes.
 /// Frees the read buffers the process keeps for its next datasets (called before `fork`; see
 /// `shardstream_streamer::buffers::release_kept_buffers`), and hands the memory back to the
 /// kernel: freed 1 MiB buffers usually stay in malloc's free lists, which the children would
@@ -845,6 +844,7 @@ fn trim_allocator() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim_allocator() {}
 
+/// Adds this module's classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_read_buffers, m)?)?;
     m.add_class::<NativeDataset>()?;
