@@ -28,14 +28,23 @@ static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 /// memory. The next reads of this process fill the pool again. Returns the bytes freed (the
 /// allocator may keep them in its free lists; see the binding's caller, which trims them).
 pub fn release_kept_buffers() -> usize {
-    let kept = match LATEST_POOL.try_lock() {
-        Ok(guard) => guard,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return 0,
+    let Some(kept) = lock_unless_busy(&LATEST_POOL) else {
+        return 0;
     };
     match kept.as_ref() {
         Some(k) if k.pid == std::process::id() => k.pool.release(),
         _ => 0,
+    }
+}
+
+/// `mutex`'s guard, or `None` while another thread holds it. Pooling is an optimisation, so a
+/// busy lock means doing without the pool: never a wait, and a process forked while a thread
+/// of its parent held the lock (which no thread of the child will release) does not hang.
+fn lock_unless_busy<T>(mutex: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 
@@ -106,14 +115,10 @@ impl BufferPool {
     /// `slot` then keeps instead.
     fn kept_in(slot: &Mutex<Option<KeptPool>>, max_bytes: usize, max_each: usize) -> Arc<Self> {
         let pid = std::process::id();
-        // `try_lock`: a DataLoader worker forked while another thread of its parent opened a
+        // Not a wait: a DataLoader worker forked while another thread of its parent opened a
         // dataset must not wait for a lock no thread of its own will release.
-        let mut kept = match slot.try_lock() {
-            Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                return BufferPool::new(max_bytes, max_each)
-            }
+        let Some(mut kept) = lock_unless_busy(slot) else {
+            return BufferPool::new(max_bytes, max_each);
         };
         if let Some(k) = kept.as_ref() {
             if k.pid == pid && k.pool.max_bytes == max_bytes && k.pool.max_each == max_each {
@@ -166,16 +171,10 @@ impl BufferPool {
         }
     }
 
-    /// The free list, unless another thread holds it. Pooling is an optimisation, so a busy
-    /// list means allocate or free as usual: this never blocks, and a DataLoader worker forked
-    /// while a thread of its parent held the lock (which no thread of the child will release)
-    /// simply works without the pool instead of hanging.
+    /// The free list, unless another thread holds it ([`lock_unless_busy`]): a busy list means
+    /// allocate or free as usual.
     fn lock(&self) -> Option<std::sync::MutexGuard<'_, Free>> {
-        match self.free.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        lock_unless_busy(&self.free)
     }
 
     /// Bytes of capacity kept now.

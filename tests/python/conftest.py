@@ -145,6 +145,11 @@ def stream_env(tmp_path, monkeypatch):
     return env
 
 
+def pad_bytes(i: int, extra: int) -> bytes:
+    """The `pad` column of sample `i` in a dataset from `write_ids(..., extra=extra)`."""
+    return bytes([i % 251]) * extra
+
+
 def write_ids(out: Path, n: int, size_limit: int = 1 << 12, extra: int = 0) -> None:
     """A Mosaic-written dataset of `n` samples: `id` (int), `x` (uint32 = 3*id) and `pad`
     (`extra` bytes), small shards so that orders and caches have something to do."""
@@ -156,4 +161,4 @@ def write_ids(out: Path, n: int, size_limit: int = 1 << 12, extra: int = 0) -> N
         size_limit=size_limit,
     ) as w:
         for i in range(n):
-            w.write({"id": i, "x": __import__("numpy").uint32(3 * i), "pad": bytes([i % 251]) * extra})
+            w.write({"id": i, "x": __import__("numpy").uint32(3 * i), "pad": pad_bytes(i, extra)})

@@ -12,14 +12,14 @@ import os
 import pytest
 
 import shardstream
-from conftest import write_ids
+from conftest import pad_bytes, write_ids
 
 N = 3000
 EXTRA = 10_000  # bytes of the `pad` column per sample: 30 MB in all, read in runs of 1 MiB
 
 
 def pad_of(i: int) -> bytes:
-    return bytes([i % 251]) * EXTRA
+    return pad_bytes(i, EXTRA)
 
 
 @pytest.fixture(scope="module")

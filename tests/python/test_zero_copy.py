@@ -16,14 +16,14 @@ import torch
 from torch.utils.data import DataLoader
 
 import shardstream
-from conftest import write_ids
+from conftest import pad_bytes, write_ids
 
 N = 40
 EXTRA = 3000  # bytes of the `pad` column per sample
 
 
 def pad_of(i: int) -> bytes:
-    return bytes([i % 251]) * EXTRA
+    return pad_bytes(i, EXTRA)
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +149,11 @@ def test_recycled_buffers_never_change_what_python_still_holds(tmp_path, stream_
         kept_batches = []
         for k, batch in enumerate(ds.iter_batches(4)):
             got = [int(i) for i in batch["id"]]
-            assert batch["pad"].tolist() == [bytes([i % 251]) * extra for i in got]
+            assert batch["pad"].tolist() == [pad_bytes(i, extra) for i in got]
             if k % 2 == 0:
                 kept_batches.append((got, batch))  # the odd ones are dropped and recycled
         for got, batch in kept_batches:
-            assert batch["pad"].tolist() == [bytes([i % 251]) * extra for i in got], epoch
+            assert batch["pad"].tolist() == [pad_bytes(i, extra) for i in got], epoch
             assert [int(v) for v in batch["x"]] == [3 * i for i in got]
         kept_samples = []
         for s in ds:
@@ -161,4 +161,4 @@ def test_recycled_buffers_never_change_what_python_still_holds(tmp_path, stream_
                 kept_samples.append((int(s["id"]), s["pad"]))
         assert len(kept_samples) == n // 3
         for i, pad in kept_samples:
-            assert bytes(pad) == bytes([i % 251]) * extra, (epoch, i)
+            assert bytes(pad) == pad_bytes(i, extra), (epoch, i)
