@@ -51,16 +51,112 @@ impl Slot {
 
 /// The process-wide table. Keyed by the lock file's path (the cache folder is canonicalized at
 /// open, so two `Cache` values on one folder share entries).
-static TABLE: LazyLock<Mutex<HashMap<PathBuf, Arc<Slot>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+struct Table {
+    /// The process the slots belong to: a child of `fork` inherits them, but none of the
+    /// threads that hold them or wait for them.
+    pid: u32,
+    slots: HashMap<PathBuf, Arc<Slot>>,
+}
 
-fn table() -> MutexGuard<'static, HashMap<PathBuf, Arc<Slot>>> {
-    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
+    Mutex::new(Table {
+        pid: std::process::id(),
+        slots: HashMap::new(),
+    })
+});
+
+fn table() -> MutexGuard<'static, Table> {
+    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if t.pid != pid {
+        forget_parent_slots(std::mem::take(&mut t.slots));
+        t.pid = pid;
+    }
+    t
+}
+
+/// The name of a cache folder's own lock file (`Layout::open_lock`).
+const CACHE_LOCK_NAME: &str = "cache.lock";
+/// The folder of a cache's per-shard lock files (`Layout::locks_dir`).
+const LOCKS_DIR_NAME: &str = "locks";
+
+/// Runs in a child of `fork`, at its first use of the table (before it opens a lock file of its
+/// own). The parent's slots say "held" for threads that do not exist here: the child would wait
+/// on them forever. And the child's copies of the parent's lock descriptors share the parent's
+/// `flock`s, which would then outlive the parent's unlock for as long as the child runs.
+///
+/// So every descriptor of the child that points at one of those lock files is closed (closing
+/// a copy never unlocks what the parent holds: an `flock` lives until its last descriptor
+/// closes). Found through `/proc/self/fd`, not through the slots: a parent thread between
+/// `open` and recording its descriptor (or half way through closing one) leaves the slots and
+/// the descriptors out of step. The slots are then leaked, never dropped: a guard the child
+/// inherited finds its slot empty and releases nothing, and nothing closes a descriptor twice.
+fn forget_parent_slots(slots: HashMap<PathBuf, Arc<Slot>>) {
+    for slot in slots.values() {
+        // A slot whose state lock a parent thread held at the fork stays locked here: left as
+        // it is (its descriptor, if any, is closed below all the same).
+        if let Ok(mut st) = slot.state.try_lock() {
+            std::mem::forget(st.file.take());
+            st.readers = 0;
+            st.writer = false;
+            st.pending = false;
+        }
+    }
+    close_descriptors_of(&slots);
+    std::mem::forget(slots);
+}
+
+/// Closes this process's descriptors of lock files: those of `slots`' keys, and every lock file
+/// of a cache folder among them (its `cache.lock`, held by each open cache, names the folder).
+/// The folders' lock files are all made by this module, and a parent thread may hold one whose
+/// key was not in the table at the fork.
+fn close_descriptors_of(slots: &HashMap<PathBuf, Arc<Slot>>) {
+    let roots: Vec<&Path> = slots
+        .keys()
+        .filter(|k| k.file_name().is_some_and(|n| n == CACHE_LOCK_NAME))
+        .filter_map(|k| k.parent())
+        .collect();
+    let is_lock_file = |p: &Path| {
+        slots.contains_key(p)
+            || roots.iter().any(|root| {
+                let parent = p.parent();
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                (parent == Some(*root) && name.ends_with(".lock"))
+                    || parent == Some(root.join(LOCKS_DIR_NAME).as_path())
+            })
+    };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else {
+            continue;
+        };
+        if is_lock_file(&target) {
+            close_inherited(fd);
+        }
+    }
+}
+
+/// Closes `fd`, a descriptor this child inherited for a lock file of the parent's. Nothing in
+/// the child owns it: the slot that recorded it was emptied without closing it, and the parent
+/// thread that was opening it does not exist here.
+#[allow(unsafe_code)]
+fn close_inherited(fd: i32) {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: `fd` is open (just listed in /proc/self/fd) and owned by no live value of this
+    // process (see above), so taking ownership and dropping it closes it exactly once.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
 }
 
 fn slot(path: &Path) -> Arc<Slot> {
-    let mut map = table();
-    map.entry(path.to_path_buf())
+    let mut t = table();
+    t.slots
+        .entry(path.to_path_buf())
         .or_insert_with(|| {
             Arc::new(Slot {
                 path: path.to_path_buf(),
@@ -74,13 +170,22 @@ fn slot(path: &Path) -> Arc<Slot> {
 /// Drops the table's entry once nobody holds or waits for it, so the table stays as small as the
 /// set of locks in use rather than growing with every shard ever seen.
 fn prune(slot: &Arc<Slot>) {
-    let mut map = table();
+    let mut t = table();
+    // A slot forgotten at a fork is no longer the table's: the entry for its path, if any, is
+    // this process's own.
+    if !t
+        .slots
+        .get(&slot.path)
+        .is_some_and(|s| Arc::ptr_eq(s, slot))
+    {
+        return;
+    }
     // Holders and waiters own clones; `2` is the table's plus the caller's.
     if Arc::strong_count(slot) == 2 {
         let st = slot.state();
         if st.readers == 0 && !st.writer && !st.pending {
             drop(st);
-            map.remove(&slot.path);
+            t.slots.remove(&slot.path);
         }
     }
 }
@@ -335,7 +440,26 @@ mod tests {
         let s = x.downgrade().unwrap();
         assert!(lock(&path, Mode::Shared, None).unwrap().is_some());
         drop(s);
-        assert!(table().get(&path).is_none(), "idle slots are pruned");
+        assert!(!table().slots.contains_key(&path), "idle slots are pruned");
+    }
+
+    #[test]
+    fn the_fork_cleanup_knows_every_lock_file_of_the_layout() {
+        use crate::cache::layout::{KeyId, Layout};
+        let root = PathBuf::from("/cache/run/0");
+        let layout = Layout::new(root.clone());
+        let id = KeyId::of("s3://b/shard.00000.mds");
+        assert_eq!(layout.open_lock(), root.join(CACHE_LOCK_NAME));
+        assert!(layout.space_lock().to_string_lossy().ends_with(".lock"));
+        assert_eq!(layout.space_lock().parent(), Some(root.as_path()));
+        let locks = root.join(LOCKS_DIR_NAME);
+        for per_shard in [
+            layout.fetch_lock(&id),
+            layout.pin_lock(&id),
+            layout.index_lock(&id),
+        ] {
+            assert_eq!(per_shard.parent(), Some(locks.as_path()));
+        }
     }
 
     #[test]

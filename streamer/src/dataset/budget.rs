@@ -49,9 +49,14 @@ pub(crate) fn read_reserve(limit: u64) -> u64 {
 /// The largest single request a tokio semaphore takes at once.
 const MAX_ONE_ACQUIRE: u64 = u32::MAX as u64;
 
+/// The limit a budget of `limit` bytes enforces (what a semaphore can count).
+pub(crate) fn effective_limit(limit: u64) -> u64 {
+    limit.clamp(1, Semaphore::MAX_PERMITS as u64)
+}
+
 impl Budget {
     pub(crate) fn new(limit: u64) -> Budget {
-        let limit = limit.clamp(1, Semaphore::MAX_PERMITS as u64);
+        let limit = effective_limit(limit);
         let fetch = (limit - read_reserve(limit)).max(1);
         Budget {
             sem: Arc::new(Semaphore::new(limit as usize)),

@@ -31,6 +31,7 @@ use shardstream_storage::Location;
 use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
+use super::budget::Budget;
 use super::decode::{self, decompress, read_head};
 use super::fetch::{download, resume, Outage};
 use super::growing::{self, Growing, Landing, Publisher};
@@ -53,6 +54,9 @@ pub(crate) struct ProcState {
     /// The process's runtime, shared by all its datasets ([`crate::runtime`]).
     rt: Arc<Runtime>,
     pub cache: Cache,
+    /// The process's share of `memory_limit`: a budget is per process that streams, and one a
+    /// child of `fork` inherited would count the parent's downloads, which never end there.
+    pub budget: Budget,
     /// One per stream. Opened again in each process when the dataset was opened by URL: an
     /// HTTP connection pool inherited through fork holds the parent's sockets and tasks.
     pub locations: Vec<Location>,
@@ -92,6 +96,7 @@ impl ProcSlot {
         &self,
         dir: &Path,
         config: &CacheConfig,
+        memory_limit: u64,
         locations: impl FnOnce() -> Result<Vec<Location>>,
     ) -> Result<Arc<ProcState>> {
         let pid = std::process::id();
@@ -120,6 +125,7 @@ impl ProcSlot {
             pid,
             rt,
             cache,
+            budget: Budget::new(memory_limit),
             locations,
             inflight: Mutex::default(),
             pending: Mutex::default(),
@@ -559,6 +565,7 @@ impl Joined<'_> {
         })?;
         resume(
             self.ds,
+            &self.ps.budget,
             location,
             &self.src.stored_rel,
             self.src.stored_size,
@@ -699,7 +706,7 @@ async fn fill_raw(
     let tmp = raw.tmp_path().to_path_buf();
     let what = src.name.clone();
     let (raw_size, stored_size) = (src.raw_size, src.stored_size);
-    let budget = ds.budget.clone();
+    let budget = ps.budget.clone();
     let result = blocking(move || {
         let path = stored.path();
         let input = File::open(path).map_err(|source| StreamerError::Io {
@@ -801,6 +808,7 @@ async fn fetch_stored(
     let tmp = guard.tmp_path().to_path_buf();
     download(
         ds,
+        &ps.budget,
         location,
         &src.stored_rel,
         src.stored_size,
@@ -823,15 +831,15 @@ mod tests {
         let config = CacheConfig::new(1 << 20);
         let first = ProcSlot::default();
         let a = first
-            .get(&dir.path().join("a"), &config, || Ok(Vec::new()))
+            .get(&dir.path().join("a"), &config, 1 << 20, || Ok(Vec::new()))
             .unwrap();
         let b = ProcSlot::default()
-            .get(&dir.path().join("b"), &config, || Ok(Vec::new()))
+            .get(&dir.path().join("b"), &config, 1 << 20, || Ok(Vec::new()))
             .unwrap();
         assert!(Arc::ptr_eq(&a.rt, &b.rt), "two datasets share the runtime");
         drop((a, first));
         let c = ProcSlot::default()
-            .get(&dir.path().join("c"), &config, || Ok(Vec::new()))
+            .get(&dir.path().join("c"), &config, 1 << 20, || Ok(Vec::new()))
             .unwrap();
         assert!(
             Arc::ptr_eq(&b.rt, &c.rt),

@@ -31,6 +31,7 @@ use shardstream_storage::object_store::{GetOptions, GetRange};
 use shardstream_storage::{Location, StorageError};
 use tracing::warn;
 
+use super::budget::Budget;
 use super::growing::Publisher;
 use super::metrics::Metrics;
 use super::Inner;
@@ -131,8 +132,10 @@ impl Written {
 
 /// Writes `rel` (of `size` bytes) to `dest` with streamed GETs under the memory budget,
 /// advancing `progress` (if given) as the complete prefix grows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn download(
     ds: &Arc<Inner>,
+    budget: &Budget,
     location: &Location,
     rel: &str,
     size: u64,
@@ -156,6 +159,7 @@ pub(crate) async fn download(
     }
     fill(
         ds,
+        budget,
         location,
         rel,
         &file,
@@ -172,6 +176,7 @@ pub(crate) async fn download(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn resume(
     ds: &Arc<Inner>,
+    budget: &Budget,
     location: &Location,
     rel: &str,
     size: u64,
@@ -185,13 +190,17 @@ pub(crate) async fn resume(
         .into_iter()
         .map(|(lo, hi)| (lo + from, hi + from))
         .collect();
-    fill(ds, location, rel, file, dest, ranges, progress, outage).await
+    fill(
+        ds, budget, location, rel, file, dest, ranges, progress, outage,
+    )
+    .await
 }
 
 /// Streams `ranges` (front to back, contiguous) of `rel` into `file`.
 #[allow(clippy::too_many_arguments)]
 async fn fill(
     ds: &Arc<Inner>,
+    budget: &Budget,
     location: &Location,
     rel: &str,
     file: &Arc<File>,
@@ -202,6 +211,7 @@ async fn fill(
 ) -> Result<()> {
     let part = Part {
         ds,
+        budget,
         location,
         rel,
         file: Arc::clone(file),
@@ -222,6 +232,7 @@ async fn fill(
 /// What every part of one download shares.
 struct Part<'a> {
     ds: &'a Arc<Inner>,
+    budget: &'a Budget,
     location: &'a Location,
     rel: &'a str,
     file: Arc<File>,
@@ -238,7 +249,7 @@ impl Part<'_> {
         let url = || self.location.url_of(self.rel);
         let cap = WRITE_BYTES.min(ds.chunk_bytes).min(hi - lo).max(1);
         let what = || format!("a {cap}-byte download buffer of {}", self.rel);
-        let _lease = ds.budget.acquire_fetch(&what, cap).await?;
+        let _lease = self.budget.acquire_fetch(&what, cap).await?;
         let path = self.location.path(self.rel)?;
         let mut buf = Gathered::default();
         let mut at = lo;

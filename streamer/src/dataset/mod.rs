@@ -65,7 +65,6 @@ pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{SampleStream, StreamPlan, StreamedSample, RUN_BYTES};
 
-use budget::Budget;
 use engine::{ProcSlot, ShardSource};
 use metrics::Metrics;
 
@@ -148,7 +147,9 @@ pub(crate) struct Inner {
     pub shards: Vec<ShardSource>,
     pub cache_dir: PathBuf,
     pub cache_config: CacheConfig,
-    pub budget: Budget,
+    /// Bytes each process that streams may hold (`memory_limit`); the budget that enforces it
+    /// is per process ([`engine::ProcState::budget`]).
+    pub memory_limit: u64,
     pub chunk_bytes: u64,
     pub metrics: Metrics,
     pub proc: ProcSlot,
@@ -337,7 +338,7 @@ impl StreamingDataset {
                 shards: loaded.shards,
                 cache_dir,
                 cache_config,
-                budget: Budget::new(memory_limit),
+                memory_limit,
                 chunk_bytes,
                 metrics: Metrics::default(),
                 proc: ProcSlot::default(),
@@ -447,9 +448,12 @@ impl StreamingDataset {
 
     fn proc(&self) -> Result<Arc<engine::ProcState>> {
         let inner = &self.inner;
-        let engine = inner.proc.get(&inner.cache_dir, &inner.cache_config, || {
-            inner.fresh_locations()
-        })?;
+        let engine = inner.proc.get(
+            &inner.cache_dir,
+            &inner.cache_config,
+            inner.memory_limit,
+            || inner.fresh_locations(),
+        )?;
         inner.save_index_copies(&engine);
         Ok(engine)
     }
@@ -482,9 +486,9 @@ impl Inner {
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
         use std::sync::atomic::Ordering::Relaxed;
         let m = &self.metrics;
-        let cache = self
-            .proc
-            .peek()
+        let engine = self.proc.peek();
+        let cache = engine
+            .as_ref()
             .map(|ps| ps.cache.metrics().snapshot())
             .unwrap_or_default();
         MetricsSnapshot {
@@ -502,8 +506,8 @@ impl Inner {
             sample_bytes: m.sample_bytes.load(Relaxed),
             sample_reads: m.sample_reads.load(Relaxed),
             stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
-            memory_in_use: self.budget.in_use(),
-            memory_limit: self.budget.limit(),
+            memory_in_use: engine.as_ref().map_or(0, |ps| ps.budget.in_use()),
+            memory_limit: budget::effective_limit(self.memory_limit),
         }
     }
 }

@@ -187,7 +187,7 @@ impl SampleStream {
             WRITE_BYTES.max(ds.max_shard_bytes.saturating_add(DECODER_SLACK))
         };
         let whole_limit = if plan.order.shuffle {
-            (ds.budget.limit() / 8).min(WHOLE_SHARDS_MAX)
+            (ps.budget.limit() / 8).min(WHOLE_SHARDS_MAX)
         } else {
             0
         };
@@ -287,7 +287,8 @@ impl SampleStream {
     /// either takes at once. Dropping them on every wait would read them again and again while
     /// a cold epoch's shards arrive.
     fn room_for_wait(&mut self) {
-        if !self.whole.is_empty() && self.ds.budget.free() < self.wait_room {
+        let free = self.ps().map_or(0, |ps| ps.budget.free());
+        if !self.whole.is_empty() && free < self.wait_room {
             self.drop_whole();
         }
     }
@@ -486,11 +487,12 @@ impl SampleStream {
         let bytes = h.sample_range(last - 1)?.end - first.start;
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
-        let lease = match self.ds.budget.try_acquire(bytes) {
+        let budget = self.ps()?.budget.clone();
+        let lease = match budget.try_acquire(bytes) {
             Some(lease) => lease,
             None => {
                 self.drop_whole();
-                self.ds.budget.acquire_blocking(&what, bytes)?
+                budget.acquire_blocking(&what, bytes)?
             }
         };
         let (base, buf) = self.read_pooled(&h, i, last, bytes)?;
@@ -518,7 +520,7 @@ impl SampleStream {
         if bytes > RUN_BYTES || self.whole_bytes + bytes > self.whole_limit {
             return Ok(None);
         }
-        let Some(lease) = self.ds.budget.try_acquire(bytes) else {
+        let Some(lease) = self.ps()?.budget.try_acquire(bytes) else {
             return Ok(None);
         };
         let (base, buf) = self.read_pooled(h, 0, n, bytes)?;
