@@ -31,7 +31,7 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use super::budget::Lease;
+use super::budget::{Budget, Lease};
 use super::engine::{self, ProcState};
 use super::fetch::WRITE_BYTES;
 use super::metrics::Metrics;
@@ -134,6 +134,8 @@ pub struct SampleStream {
     /// Free budget below which `whole` is given back before a wait: the most a download's
     /// buffer or a decoder of this dataset takes at once.
     wait_room: u64,
+    /// This process's memory budget (the engine's, taken once: a stream never changes process).
+    budget: Budget,
     /// The shard read last, so that consecutive samples of one shard skip the slot map.
     current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
@@ -186,8 +188,9 @@ impl SampleStream {
         } else {
             WRITE_BYTES.max(ds.max_shard_bytes.saturating_add(DECODER_SLACK))
         };
+        let budget = ps.budget.clone();
         let whole_limit = if plan.order.shuffle {
-            (ps.budget.limit() / 8).min(WHOLE_SHARDS_MAX)
+            (budget.limit() / 8).min(WHOLE_SHARDS_MAX)
         } else {
             0
         };
@@ -212,6 +215,7 @@ impl SampleStream {
             whole_limit,
             whole_after: u64::from(plan.world.batch_size()),
             wait_room,
+            budget,
             current: None,
             last: None,
             failed: false,
@@ -287,8 +291,7 @@ impl SampleStream {
     /// either takes at once. Dropping them on every wait would read them again and again while
     /// a cold epoch's shards arrive.
     fn room_for_wait(&mut self) {
-        let free = self.ps().map_or(0, |ps| ps.budget.free());
-        if !self.whole.is_empty() && free < self.wait_room {
+        if !self.whole.is_empty() && self.budget.free() < self.wait_room {
             self.drop_whole();
         }
     }
@@ -487,12 +490,11 @@ impl SampleStream {
         let bytes = h.sample_range(last - 1)?.end - first.start;
         let name = Arc::clone(&self.ds.shards[shard as usize].name);
         let what = || format!("sample {i} of {name}");
-        let budget = self.ps()?.budget.clone();
-        let lease = match budget.try_acquire(bytes) {
+        let lease = match self.budget.try_acquire(bytes) {
             Some(lease) => lease,
             None => {
                 self.drop_whole();
-                budget.acquire_blocking(&what, bytes)?
+                self.budget.acquire_blocking(&what, bytes)?
             }
         };
         let (base, buf) = self.read_pooled(&h, i, last, bytes)?;
@@ -520,7 +522,7 @@ impl SampleStream {
         if bytes > RUN_BYTES || self.whole_bytes + bytes > self.whole_limit {
             return Ok(None);
         }
-        let Some(lease) = self.ps()?.budget.try_acquire(bytes) else {
+        let Some(lease) = self.budget.try_acquire(bytes) else {
             return Ok(None);
         };
         let (base, buf) = self.read_pooled(h, 0, n, bytes)?;
