@@ -162,9 +162,15 @@ fn first_samples_arrive_while_the_rest_of_the_shard_is_stalled() {
     }
     assert!(s.gate.counts().released >= 1);
     // The download finished and was committed once; the handle now reads the cached file.
+    // The commit (fsync, rename) follows the last byte, which the stream may already have
+    // served: wait for it, as a condition.
+    let committed_by = std::time::Instant::now() + DEADLINE;
+    while !handle.is_complete() && std::time::Instant::now() < committed_by {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(handle.is_complete(), "the download was never committed");
     let m = ds.metrics();
     assert_eq!(m.shards_fetched, 1);
-    assert!(handle.is_complete());
     assert_eq!(
         std::fs::metadata(handle.path()).unwrap().len(),
         handle.len()
