@@ -4,7 +4,7 @@
 //! ```text
 //! <dir>/SHARDSTREAM-CACHE      layout marker ({"layout":1})
 //! <dir>/CACHEDIR.TAG           tells backup tools to skip the folder
-//! <dir>/generation             bumped by the first process that opens the folder
+//! <dir>/generation             a random number drawn by the first process that opens the folder
 //! <dir>/cache.lock             shared by every process that has the folder open
 //! <dir>/space.lock             exclusive while the node's disk usage is counted or changed
 //! <dir>/space.ledger           bytes in data/ as of the last change, valid for one generation
@@ -205,11 +205,41 @@ impl Layout {
         }
     }
 
-    /// Only called with `cache.lock` held exclusively, so a fixed temp name is safe.
-    pub(crate) fn write_generation(&self, generation: u64) -> Result<()> {
+    /// Starts a new generation and returns it. Only called with `cache.lock` held
+    /// exclusively, so a fixed temp name is safe.
+    ///
+    /// A generation is a random number, not a counter, and so needs no fsync: the file is only
+    /// ever read by processes that open the folder while its writer still holds it open (the
+    /// same boot). If a power cut loses the write, the next first opener draws a fresh value,
+    /// which no record or ledger carries; a lost counter bump would instead hand out a value
+    /// again, and records verified under the lost one would pass as checked.
+    pub(crate) fn new_generation(&self) -> Result<u64> {
+        let old = self.read_generation()?;
+        let generation = random_generation(old);
         let path = self.generation();
         let tmp = self.root.join("generation.tmp");
-        write_atomically(&path, &tmp, format!("{generation}\n").as_bytes())
+        fs::write(&tmp, format!("{generation}\n")).map_err(io_err("write", &tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+        Ok(generation)
+    }
+}
+
+/// A random generation, never 0 (what a folder without a generation file reads as) nor `old`.
+fn random_generation(old: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // std's hasher keys come from the OS's random source, once per process, and differ for
+    // every `RandomState`; the time and pid make two draws of one process differ as well.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    h.write_u64(old);
+    match h.finish() {
+        0 => 1,
+        g if g == old => g.wrapping_add(2).max(1),
+        g => g,
     }
 }
 

@@ -73,8 +73,8 @@ pub struct Cache {
 struct Inner {
     layout: Layout,
     config: CacheConfig,
-    /// Bumped whenever the folder is opened with no other process holding it open: files
-    /// verified in an older generation are hashed again before reuse.
+    /// New whenever the folder is opened with no other process holding it open: files
+    /// verified in another generation are hashed again before reuse.
     generation: u64,
     pid: u32,
     metrics: CacheMetrics,
@@ -95,14 +95,20 @@ impl Cache {
         let is_first = first.is_some();
         let open = match first {
             Some(excl) => {
-                let generation = layout.read_generation()? + 1;
-                layout.write_generation(generation)?;
+                // Nobody else has the folder open: start a new generation and clean up after
+                // any crash now, before another process can use the folder. Later openers
+                // wait for the downgrade and skip both; leftovers of a process that dies
+                // while others keep the folder open are reclaimed by the space count and by
+                // the next fetch of the same shard.
+                let generation = layout.new_generation()?;
+                recover(&layout, generation)?;
                 excl.downgrade().map_err(io_err("lock", &open_path))?
             }
             None => lock_for(&open_path, Mode::Shared, None)?,
         };
+        // Read again even by the first opener: the downgrade is unlock-then-lock, and a
+        // process that slipped in between started its own generation.
         let generation = layout.read_generation()?;
-        recover(&layout, generation)?;
         info!(dir = %layout.root().display(), generation, first = is_first, limit = config.limit_bytes, "cache opened");
         Ok(Cache {
             inner: Arc::new(Inner {

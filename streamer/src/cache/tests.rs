@@ -171,6 +171,30 @@ fn leftovers_of_a_crash_are_cleaned_and_the_shard_fetched_again() {
 }
 
 #[test]
+fn only_the_first_opener_draws_a_generation_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Cache::open(dir.path(), config(10 * SHARD)).unwrap();
+    let generation = first.generation();
+    assert_ne!(generation, 0);
+    // Leftovers that appear while the folder is open (a process that died under its other
+    // users) are not a later opener's business: it neither walks the folder nor starts a
+    // generation of its own, which would send every verified shard back to the hasher.
+    let layout = first.inner.layout.clone();
+    let dead = KeyId::of("dead");
+    fs::write(layout.record_tmp(&dead), b"{").unwrap();
+    let second = Cache::open(dir.path(), config(10 * SHARD)).unwrap();
+    assert_eq!(second.generation(), generation);
+    assert!(layout.record_tmp(&dead).exists());
+    drop((first, second));
+    // With nobody holding the folder, the next open is a restart: a new generation, and the
+    // leftovers are gone before it returns.
+    let third = Cache::open(dir.path(), config(10 * SHARD)).unwrap();
+    assert_ne!(third.generation(), generation);
+    assert_ne!(third.generation(), 0);
+    assert!(!layout.record_tmp(&dead).exists());
+}
+
+#[test]
 fn a_file_the_cache_did_not_write_is_refused_and_kept() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::open(dir.path(), config(10 * SHARD)).unwrap();
