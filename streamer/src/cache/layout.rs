@@ -259,14 +259,17 @@ pub(crate) fn write_atomically(path: &Path, tmp: &Path, bytes: &[u8]) -> Result<
     sync_parent(path)
 }
 
-/// For files that many processes may create at once with the same content: each writes its own
-/// temp name, so none can rename another's half-written file into place.
+/// For files that many processes, and threads of one process, may create at once with the same
+/// content: each writer has its own temp name (process id and a per-process count), so none can
+/// rename another's half-written file into place, or find its own renamed away by another.
 fn write_new_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
     write_atomically(path, &tmp, bytes)
 }
 
@@ -320,6 +323,29 @@ mod tests {
         let tmp = format!("{}.4096", id.as_str());
         assert_eq!(parse_tmp_name(&tmp), Some((id, 4096)));
         assert_eq!(parse_tmp_name("foreign.partial"), None);
+    }
+
+    #[test]
+    fn threads_of_one_process_create_a_new_folder_at_once() {
+        // Several threads of a process opening a node's cache for the first time (a script's
+        // datasets in threads): each writes the marker and tag under its own temp name.
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().to_path_buf();
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let layout = Layout::new(root.clone());
+                    std::thread::spawn(move || layout.create())
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap().unwrap();
+            }
+            assert_eq!(
+                fs::read_to_string(root.join("CACHEDIR.TAG")).unwrap(),
+                CACHEDIR_TAG
+            );
+        }
     }
 
     #[test]
