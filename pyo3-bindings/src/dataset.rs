@@ -831,6 +831,34 @@ fn release_read_buffers() {
     }
 }
 
+thread_local! {
+    /// The streamer's process-wide locks, held by this thread from `before_fork` to
+    /// `after_fork` (the thread that forks is the one that runs Python's fork hooks).
+    static FORK_HOLD: std::cell::RefCell<Option<shardstream_streamer::fork::ForkHold>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Takes the streamer's process-wide locks (runtime slot, cache lock table) before `fork`, so
+/// that a child never inherits one held by a thread it does not have
+/// (`shardstream_streamer::fork`). Their holders only update memory, so the wait with the GIL
+/// held is short, and none of them waits for the GIL.
+#[pyfunction]
+fn before_fork() {
+    FORK_HOLD.with(|h| {
+        let mut h = h.borrow_mut();
+        // Already held (a fork from inside another fork hook): the locks are not reentrant.
+        if h.is_none() {
+            *h = Some(shardstream_streamer::fork::prepare());
+        }
+    });
+}
+
+/// Releases what `before_fork` took, in the parent and in the child.
+#[pyfunction]
+fn after_fork() {
+    FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)] // one FFI call without arguments to free memory
 fn trim_allocator() {
@@ -847,6 +875,8 @@ fn trim_allocator() {}
 /// Adds this module's classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_read_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     Ok(())

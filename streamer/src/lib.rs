@@ -45,6 +45,7 @@ pub mod buffers;
 pub mod cache;
 pub mod dataset;
 pub mod error;
+pub mod fork;
 pub mod order;
 pub mod runtime;
 

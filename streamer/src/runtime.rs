@@ -17,6 +17,17 @@ use tokio::runtime::Runtime;
 /// The runtime and the process that made it.
 static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 
+/// The runtime slot, held by a thread about to `fork` (see [`crate::fork`]): a thread making
+/// the runtime holds it while the runtime starts its threads, and a child forked then would
+/// wait for it forever.
+pub(crate) struct RuntimeHold(
+    #[allow(dead_code)] std::sync::MutexGuard<'static, Option<(u32, Arc<Runtime>)>>,
+);
+
+pub(crate) fn hold_runtime() -> RuntimeHold {
+    RuntimeHold(RUNTIME.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
 /// This process's runtime (two worker threads: the I/O is asynchronous, and reading, decoding
 /// and file writes run on its blocking threads or the caller's), made on first use and again
 /// after a fork.

@@ -36,6 +36,8 @@ struct SlotState {
 }
 
 struct Slot {
+    /// The process that made it: a guard a child of `fork` inherited must not touch it.
+    pid: u32,
     path: PathBuf,
     state: Mutex<SlotState>,
     cv: Condvar,
@@ -73,6 +75,16 @@ fn table() -> MutexGuard<'static, Table> {
         t.pid = pid;
     }
     t
+}
+
+/// The table, held by a thread about to `fork` (see [`crate::fork`]) so that no other thread is
+/// inside it at the fork: a child would otherwise find it locked by a thread it does not have,
+/// and wait forever at its first lock. Every holder of the table only updates the map, so the
+/// wait is short; nothing holds the table while it waits for anything else.
+pub(crate) struct TableHold(#[allow(dead_code)] MutexGuard<'static, Table>);
+
+pub(crate) fn hold_table() -> TableHold {
+    TableHold(TABLE.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// The name of a cache folder's own lock file (`Layout::open_lock`).
@@ -155,10 +167,12 @@ fn close_inherited(fd: i32) {
 
 fn slot(path: &Path) -> Arc<Slot> {
     let mut t = table();
+    let pid = t.pid;
     t.slots
         .entry(path.to_path_buf())
         .or_insert_with(|| {
             Arc::new(Slot {
+                pid,
                 path: path.to_path_buf(),
                 state: Mutex::new(SlotState::default()),
                 cv: Condvar::new(),
@@ -363,6 +377,10 @@ impl LockGuard {
         let Some(slot) = self.slot.take() else {
             return Err(io::Error::other("lock guard already released"));
         };
+        if slot.pid != std::process::id() {
+            std::mem::forget(slot);
+            return Err(io::Error::other("a lock held by the parent of a fork"));
+        }
         let mut st = slot.state();
         st.writer = false;
         st.pending = true;
@@ -399,6 +417,13 @@ impl Drop for LockGuard {
         let Some(slot) = self.slot.take() else {
             return;
         };
+        if slot.pid != std::process::id() {
+            // A guard inherited through `fork`: the hold is the parent's. Its slot is no
+            // longer the table's (see `forget_parent_slots`), and a parent thread may have held
+            // its state lock at the fork, which no thread here would ever release.
+            std::mem::forget(slot);
+            return;
+        }
         let mut st = slot.state();
         match self.mode {
             Mode::Shared => {
@@ -460,6 +485,34 @@ mod tests {
         ] {
             assert_eq!(per_shard.parent(), Some(locks.as_path()));
         }
+    }
+
+    #[test]
+    fn a_guard_inherited_through_fork_releases_nothing_and_never_waits() {
+        // As a child of `fork` sees a parent's guard: its slot is from another process, and a
+        // parent thread held the slot's state lock at the fork.
+        let slot = Arc::new(Slot {
+            pid: std::process::id().wrapping_add(1),
+            path: PathBuf::from("/nonexistent/k.lock"),
+            state: Mutex::new(SlotState {
+                readers: 1,
+                ..SlotState::default()
+            }),
+            cv: Condvar::new(),
+        });
+        let held = slot.state.lock().unwrap();
+        let guard = LockGuard {
+            slot: Some(Arc::clone(&slot)),
+            mode: Mode::Shared,
+        };
+        drop(guard);
+        assert_eq!(held.readers, 1, "the parent's count is left alone");
+        let guard = LockGuard {
+            slot: Some(Arc::clone(&slot)),
+            mode: Mode::Exclusive,
+        };
+        assert!(guard.downgrade().is_err());
+        drop(held);
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub use metrics::{CacheMetrics, MetricsSnapshot};
 use entry::{inspect, read_record, Check, Found, RecordState};
 use error::io_err;
 use layout::{list_names, remove_if_present, KeyId, Layout};
+pub(crate) use lock::{hold_table, TableHold};
 use lock::{LockGuard, Mode};
 use space::{space_lock, Reserve};
 

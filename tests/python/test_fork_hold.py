@@ -1,0 +1,117 @@
+"""Forks taken while other threads of the process stream: no child may inherit one of the
+engine's process-wide locks held by a thread it does not have.
+
+The engine rebuilds its per-process state in a child of `fork`, but two process-wide locks
+guard that rebuilding: the runtime slot and the cache's lock table. A child forked while another
+thread was inside one of them would wait forever at its first sample. The binding takes both
+just before every `os.fork()` and releases them just after (`os.register_at_fork`), and a lock
+guard a child inherited releases nothing. Here two threads keep opening datasets, fetching and
+pinning shards, while the main thread forks children that each stream from the same node cache
+and drop what they inherited; every child must finish, with the right samples.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import boto3
+
+from conftest import write_ids
+
+N = 600
+FORKS = 120
+
+SCRIPT = textwrap.dedent(
+    """
+    import gc, json, os, sys, threading, time
+    import shardstream
+
+    remote, forks = sys.argv[1], int(sys.argv[2])
+    stop = threading.Event()
+    errors = []
+
+    def churn(seed):
+        # New datasets, streams, shard fetches and pins, over and over: the engine's runtime
+        # slot and lock table are in use all the time.
+        k = 0
+        while not stop.is_set():
+            try:
+                ds = shardstream.StreamingDataset(remote=remote, shuffle=True, shuffle_seed=seed + k,
+                                                  batch_size=4, memory_limit="8MiB")
+                for j, s in enumerate(ds):
+                    if j == 20:
+                        break
+                del ds
+            except Exception as e:  # reported below; the test fails on any
+                errors.append(repr(e))
+                return
+            k += 1
+
+    threads = [threading.Thread(target=churn, args=(s,), daemon=True) for s in (1, 1000)]
+    for t in threads:
+        t.start()
+    # A stream the main thread holds at every fork: each child inherits its leases and drops them.
+    held = iter(shardstream.StreamingDataset(remote=remote, batch_size=4))
+    next(held)
+    hung = failed = 0
+    for k in range(forks):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                del held  # closes the inherited stream: its leases and lock guards are the parent's
+                gc.collect()
+                ds = shardstream.StreamingDataset(remote=remote, shuffle=True, shuffle_seed=k,
+                                                  batch_size=4)
+                it = iter(ds)
+                ok = all(int(s["x"]) == 3 * int(s["id"]) for s, _ in zip(it, range(3)))
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+                    failed += 1
+                break
+            if time.monotonic() > deadline:
+                hung += 1
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.002)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    print(json.dumps({"forks": forks, "hung": hung, "failed": failed, "errors": errors}))
+    """
+)
+
+
+def test_children_forked_while_threads_stream_never_hang(tmp_path, moto, stream_env):
+    data = tmp_path / "data"
+    write_ids(data, N, size_limit=1 << 12, extra=200)
+    moto.create_bucket("fork-hold")
+    s3 = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    for f in data.iterdir():
+        s3.upload_file(str(f), "fork-hold", f"ds/{f.name}")
+    shards = len([f for f in data.iterdir() if f.suffix != ".json"])
+    assert shards >= 20, "many shards: the threads keep locking new ones"
+
+    import os
+
+    env = {**os.environ, **moto.env, **stream_env}
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "s3://fork-hold/ds", str(FORKS)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["errors"] == [], out["errors"]
+    assert out["hung"] == 0, f"{out['hung']} of {FORKS} children hung"
+    assert out["failed"] == 0, f"{out['failed']} of {FORKS} children failed"
