@@ -832,32 +832,69 @@ fn release_read_buffers() {
 }
 
 thread_local! {
-    /// The streamer's process-wide locks, held by this thread from `before_fork` to
-    /// `after_fork` (the thread that forks is the one that runs Python's fork hooks).
+    /// The streamer's process-wide locks, held by the forking thread from the prepare handler
+    /// to the parent's or child's handler (`register_fork_handlers`).
     static FORK_HOLD: std::cell::RefCell<Option<shardstream_streamer::fork::ForkHold>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// Takes the streamer's process-wide locks (runtime slot, cache lock table) before `fork`, so
-/// that a child never inherits one held by a thread it does not have
-/// (`shardstream_streamer::fork`). Their holders only update memory, so the wait with the GIL
-/// held is short, and none of them waits for the GIL.
-#[pyfunction]
-fn before_fork() {
-    FORK_HOLD.with(|h| {
-        let mut h = h.borrow_mut();
-        // Already held (a fork from inside another fork hook): the locks are not reentrant.
-        if h.is_none() {
-            *h = Some(shardstream_streamer::fork::prepare());
+/// `pthread_atfork` prepare handler: takes the streamer's process-wide locks
+/// (`shardstream_streamer::fork`) so that no other thread is inside one at the fork.
+///
+/// Not a Python `os.register_at_fork` hook: Python may run other hooks (Python code) after
+/// it, and the interpreter can hand the GIL to another thread between them; a thread dropping
+/// a dataset with the GIL held then waited for the lock table this thread held, while this
+/// thread waited for the GIL (found by `tests/python/test_fork_hold.py`). libc runs this
+/// handler inside `fork()` itself, after every Python hook, with no Python code until the
+/// parent or child handler has released the locks. The holders of these locks never need the
+/// GIL, so the forking thread holding it cannot block them.
+extern "C" fn fork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        FORK_HOLD.with(|h| {
+            if let Ok(mut h) = h.try_borrow_mut() {
+                if h.is_none() {
+                    *h = Some(shardstream_streamer::fork::prepare());
+                }
+            }
+        });
+    });
+}
+
+/// `pthread_atfork` parent and child handler: releases what `fork_prepare` took.
+extern "C" fn fork_release() {
+    let _ = std::panic::catch_unwind(|| {
+        FORK_HOLD.with(|h| {
+            if let Ok(mut h) = h.try_borrow_mut() {
+                drop(h.take());
+            }
+        });
+    });
+}
+
+/// Registers the fork handlers once per process (at module import; a forked child inherits
+/// them, as libc keeps the registrations across `fork`).
+#[cfg(unix)]
+#[allow(unsafe_code)] // one FFI call registering three functions without arguments
+fn register_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions without arguments that live for the
+        // whole program, never unwind (each catches panics), and only lock and unlock Rust
+        // mutexes and touch this thread's thread-local storage.
+        let rc = unsafe {
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release))
+        };
+        if rc != 0 {
+            tracing::warn!(
+                rc,
+                "pthread_atfork failed: forks while other threads stream may hang"
+            );
         }
     });
 }
 
-/// Releases what `before_fork` took, in the parent and in the child.
-#[pyfunction]
-fn after_fork() {
-    FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
-}
+#[cfg(not(unix))]
+fn register_fork_handlers() {}
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)] // one FFI call without arguments to free memory
@@ -875,8 +912,7 @@ fn trim_allocator() {}
 /// Adds this module's classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_read_buffers, m)?)?;
-    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
+    register_fork_handlers();
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     Ok(())

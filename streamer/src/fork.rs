@@ -3,25 +3,32 @@
 //! A child of `fork` gets a copy of the parent's memory and only the thread that forked. A
 //! process-wide lock that another parent thread held at that instant is held forever in the
 //! child. The streamer's per-process state is keyed by process id and rebuilt in a child, but
-//! two process-wide locks guard that rebuilding itself: the runtime slot
-//! ([`crate::runtime`]) and the cache's lock table. A thread about to fork takes both with
-//! [`prepare`], forks, and drops the [`ForkHold`] in the parent and in the child, so that no
-//! other thread was inside either at the fork.
+//! locks guard that rebuilding itself: each dataset's per-process slot (held while a thread
+//! starts the dataset's engine in this process), the runtime slot ([`crate::runtime`]) and the
+//! cache's lock table. A thread about to fork takes them all with [`prepare`], forks, and drops
+//! the [`ForkHold`] in the parent and in the child, so that no other thread was inside any of
+//! them at the fork.
 //!
-//! Python DataLoader workers are forked by `os.fork()`; the binding registers this with
-//! `os.register_at_fork`. Other holders of process-wide state (the read pools) only try their
-//! locks, and per-dataset state is rebuilt in the child without waiting on the parent's.
+//! The Python binding takes the hold in a `pthread_atfork` prepare handler and drops it in the
+//! parent and child handlers: libc runs them inside `fork()` itself, after Python's own fork
+//! hooks, so no Python code (which may hand the GIL to a thread that wants one of these locks)
+//! runs while the hold is taken. Other holders of process-wide state (the read pools) only try
+//! their locks.
+
+use std::sync::RwLockWriteGuard;
 
 use crate::cache::{hold_table, TableHold};
+use crate::dataset::hold_proc_slots;
 use crate::runtime::{hold_runtime, RuntimeHold};
 
 /// The streamer's process-wide locks, held across a `fork`. Drop it right after the fork, in
 /// the parent and in the child (the thread that forked is the child's only thread).
 #[must_use = "the locks are released when the hold is dropped, which must be after the fork"]
 pub struct ForkHold {
-    // Released in reverse order of taking: the table, then the runtime slot.
+    // Released in reverse order of taking: the table, the runtime slot, the datasets' slots.
     _table: TableHold,
     _runtime: RuntimeHold,
+    _slots: RwLockWriteGuard<'static, ()>,
 }
 
 impl std::fmt::Debug for ForkHold {
@@ -30,16 +37,20 @@ impl std::fmt::Debug for ForkHold {
     }
 }
 
-/// Takes the runtime slot and the cache's lock table for a `fork` about to happen. Waits for
-/// their current holders, which only update in-memory state while they hold them (making the
-/// runtime starts its threads, the longest of these); none of them waits for anything else
-/// meanwhile, so this cannot deadlock.
+/// Takes the datasets' per-process slots, the runtime slot and the cache's lock table for a
+/// `fork` about to happen, in that order (a thread filling a dataset's slot takes the other
+/// two inside it, never the reverse, so this cannot deadlock). Waits for their current holders:
+/// a dataset's first use in this process (starting the runtime, opening the cache folder, which
+/// may wait for another process's crash recovery of it) is the longest; the others only update
+/// memory while they hold their lock.
 pub fn prepare() -> ForkHold {
+    let slots = hold_proc_slots();
     let runtime = hold_runtime();
     let table = hold_table();
     ForkHold {
         _table: table,
         _runtime: runtime,
+        _slots: slots,
     }
 }
 

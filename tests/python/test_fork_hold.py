@@ -1,13 +1,15 @@
 """Forks taken while other threads of the process stream: no child may inherit one of the
 engine's process-wide locks held by a thread it does not have.
 
-The engine rebuilds its per-process state in a child of `fork`, but two process-wide locks
-guard that rebuilding: the runtime slot and the cache's lock table. A child forked while another
-thread was inside one of them would wait forever at its first sample. The binding takes both
-just before every `os.fork()` and releases them just after (`os.register_at_fork`), and a lock
-guard a child inherited releases nothing. Here two threads keep opening datasets, fetching and
-pinning shards, while the main thread forks children that each stream from the same node cache
-and drop what they inherited; every child must finish, with the right samples.
+The engine rebuilds its per-process state in a child of `fork`, through locks that are
+process-wide: each dataset's per-process slot (held while a thread starts that dataset's engine),
+the runtime slot and the cache's lock table. A child forked while another thread was inside one
+of them would wait forever at its first sample. The binding's `pthread_atfork` handlers take
+them all inside every `fork()` and release them just after, and a lock guard a child inherited
+releases nothing. Here two threads keep opening datasets, fetching and pinning shards, while
+the main thread forks children that each drop a stream they inherited and stream from the same
+node cache, half of them through a dataset a parent thread was starting at the fork; every
+child must finish, with the right samples. Without the handlers 5 and 6 of 120 children hung.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ SCRIPT = textwrap.dedent(
     remote, forks = sys.argv[1], int(sys.argv[2])
     stop = threading.Event()
     errors = []
+    latest = [None]  # the dataset a churn thread is starting right now
 
     def churn(seed):
         # New datasets, streams, shard fetches and pins, over and over: the engine's runtime
@@ -41,6 +44,7 @@ SCRIPT = textwrap.dedent(
             try:
                 ds = shardstream.StreamingDataset(remote=remote, shuffle=True, shuffle_seed=seed + k,
                                                   batch_size=4, memory_limit="8MiB")
+                latest[0] = ds
                 for j, s in enumerate(ds):
                     if j == 20:
                         break
@@ -64,8 +68,10 @@ SCRIPT = textwrap.dedent(
             try:
                 del held  # closes the inherited stream: its leases and lock guards are the parent's
                 gc.collect()
-                ds = shardstream.StreamingDataset(remote=remote, shuffle=True, shuffle_seed=k,
-                                                  batch_size=4)
+                # Half the children stream a dataset a parent thread was starting at the fork
+                # (its engine for this process may have been half made), half a new one.
+                ds = latest[0] if k % 2 and latest[0] is not None else shardstream.StreamingDataset(
+                    remote=remote, shuffle=True, shuffle_seed=k, batch_size=4)
                 it = iter(ds)
                 ok = all(int(s["x"]) == 3 * int(s["id"]) for s, _ in zip(it, range(3)))
                 code = 0 if ok else 2

@@ -27,12 +27,6 @@ class Buffer:
 def release_read_buffers() -> None:
     """Frees the read buffers the process keeps for its next datasets (run before every fork)."""
 
-def before_fork() -> None:
-    """Takes the engine's process-wide locks so that no thread is inside them at a fork."""
-
-def after_fork() -> None:
-    """Releases what `before_fork` took (in the parent and in the child)."""
-
 class NativeDataset:
     def __init__(
         self,

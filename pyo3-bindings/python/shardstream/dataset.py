@@ -38,12 +38,6 @@ else:
 # (docs/streaming.md); a forked DataLoader worker makes its own and would only carry the
 # parent's, unused, in its memory. Free them before every fork.
 os.register_at_fork(before=_native.release_read_buffers)
-# No engine thread may be inside the engine's process-wide locks (its runtime slot, the cache's
-# lock table) at a fork: a DataLoader worker would find them held by a thread it does not
-# have, and wait forever. Taken just before every fork, released just after, on both sides.
-os.register_at_fork(
-    before=_native.before_fork, after_in_parent=_native.after_fork, after_in_child=_native.after_fork
-)
 
 DEFAULT_SEED = 9176
 DEFAULT_WINDOW = 16

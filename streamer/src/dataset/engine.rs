@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
 use shardstream_sharding::compression::Algorithm;
@@ -76,6 +76,17 @@ struct InFlight {
     landing: Arc<Landing>,
 }
 
+/// Shared by every thread inside a [`ProcSlot`] (building or looking up a process's state);
+/// taken exclusively across a `fork` ([`crate::fork`]), so that no slot's lock is held at the
+/// fork. A child would otherwise wait forever for a dataset's slot that a parent thread was
+/// filling (starting the runtime, opening the cache: milliseconds) at that instant.
+static SLOTS_IN_USE: RwLock<()> = RwLock::new(());
+
+/// Waits until no thread is inside a [`ProcSlot`], and keeps new ones out until dropped.
+pub(crate) fn hold_proc_slots() -> RwLockWriteGuard<'static, ()> {
+    SLOTS_IN_USE.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The per-process state slot of a dataset.
 #[derive(Debug, Default)]
 pub(crate) struct ProcSlot {
@@ -85,6 +96,7 @@ pub(crate) struct ProcSlot {
 impl ProcSlot {
     /// This process's state if it exists already (for metrics: never starts an engine).
     pub(crate) fn peek(&self) -> Option<Arc<ProcState>> {
+        let _in_use = SLOTS_IN_USE.read().unwrap_or_else(|e| e.into_inner());
         let slot = self.slot.lock().ok()?;
         slot.as_ref()
             .filter(|s| s.pid == std::process::id())
@@ -100,6 +112,7 @@ impl ProcSlot {
         locations: impl FnOnce() -> Result<Vec<Location>>,
     ) -> Result<Arc<ProcState>> {
         let pid = std::process::id();
+        let _in_use = SLOTS_IN_USE.read().unwrap_or_else(|e| e.into_inner());
         let mut slot = self
             .slot
             .lock()

@@ -60,6 +60,7 @@ use crate::cache::{
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
+pub(crate) use engine::hold_proc_slots;
 pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
 pub use shard::{RawSample, ShardHandle};
