@@ -206,7 +206,9 @@ impl Layout {
     }
 
     /// Starts a new generation and returns it. Only called with `cache.lock` held
-    /// exclusively, so a fixed temp name is safe.
+    /// exclusively: other processes read the file only after that hold is downgraded, and the
+    /// next opener after a writer that died mid-write is a first opener that writes it again,
+    /// so a plain write needs neither a temp file nor a rename.
     ///
     /// A generation is a random number, not a counter, and so needs no fsync: the file is only
     /// ever read by processes that open the folder while its writer still holds it open (the
@@ -217,9 +219,7 @@ impl Layout {
         let old = self.read_generation()?;
         let generation = random_generation(old);
         let path = self.generation();
-        let tmp = self.root.join("generation.tmp");
-        fs::write(&tmp, format!("{generation}\n")).map_err(io_err("write", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+        fs::write(&path, format!("{generation}\n")).map_err(io_err("write", &path))?;
         Ok(generation)
     }
 }
