@@ -9,24 +9,48 @@
 //! to the dataset's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
 //! next reads. The Python binding does the same for the column buffers of `iter_batches`, whose
 //! previous batch Python holds while the next one is gathered.
+//!
+//! A read of [`PAGE_READ_MIN`] bytes or more (a run of samples, a large sample) gets an
+//! anonymous mapping of its own ([`ReadAlloc::Pages`]) instead of heap memory, because of
+//! `fork`. A fork write-protects every private page of the parent, so after each DataLoader
+//! epoch the parent's next reads took a page fault for every 4 KiB of the buffers they reused
+//! (about 3,000 faults per 100 MB epoch of 1 MB samples, 5 ms). Before a fork
+//! ([`release_kept_buffers`]) the kept mappings, which no sample uses, are marked
+//! `MADV_DONTFORK`: children never get them and the parent's pages stay writable. A marked
+//! mapping is marked `MADV_DOFORK` again when it is next handed out, so a buffer that samples
+//! use is inherited like any other memory. (Marking at each hand-out instead cost two system
+//! calls per read.) The free list remembers the process that filled it; a forked child
+//! forgets (never touches, never unmaps) the marked mappings it finds there, which it does not
+//! have.
 
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
+
+use memmap2::{Advice, MmapMut};
 
 use crate::dataset::RUN_BYTES;
 
 /// Capacity a recycled allocation may have whatever the read's size.
 const SMALL_SLACK: usize = 4 << 10;
+/// Smallest read that gets a mapping of its own instead of heap memory (smaller reads are
+/// many, and a mapping costs two system calls to make and one to unmap).
+pub const PAGE_READ_MIN: usize = 64 << 10;
+/// Mappings are made in multiples of this, so that reads of similar sizes share them.
+const PAGE_STEP: usize = 64 << 10;
+/// The size of a page.
+const PAGE: usize = 4 << 10;
 
 /// The read pool of the latest memory limit a dataset of this process was opened with (see
 /// [`BufferPool::for_memory_limit`]).
 static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 
-/// Frees the allocations of the read pool this process keeps for its next datasets (see
-/// [`BufferPool::for_memory_limit`]). For a process about to fork: its children (DataLoader
-/// workers) make their own pools and would only inherit these megabytes, unused, in their
-/// memory. The next reads of this process fill the pool again. Returns the bytes freed (the
-/// allocator may keep them in its free lists; see the binding's caller, which trims them).
+/// For a process about to fork: its children (DataLoader workers) make their own read pools
+/// and would only inherit the kept allocations of this process's (see
+/// [`BufferPool::for_memory_limit`]), unused, in their memory. Frees its heap allocations (the
+/// next reads fill the pool again) and leaves its mappings out of the children
+/// (`MADV_DONTFORK`), which also keeps them writable here without a fault per page. Returns the
+/// heap bytes freed (the allocator may keep them in its free lists; see the binding's caller,
+/// which trims them).
 pub fn release_kept_buffers() -> usize {
     let Some(kept) = lock_unless_busy(&LATEST_POOL) else {
         return 0;
@@ -34,6 +58,83 @@ pub fn release_kept_buffers() -> usize {
     match kept.as_ref() {
         Some(k) if k.pid == std::process::id() => k.pool.release(),
         _ => 0,
+    }
+}
+
+/// The memory of one read: heap memory for a small read, an anonymous mapping of its own for a
+/// large one (see the module doc).
+#[derive(Debug)]
+pub enum ReadAlloc {
+    /// A heap allocation.
+    Heap(Vec<u8>),
+    /// An anonymous mapping, of which the first `len` bytes are the read.
+    Pages(PageAlloc),
+}
+
+/// An anonymous mapping and how many of its bytes hold the read.
+#[derive(Debug)]
+pub struct PageAlloc {
+    map: MmapMut,
+    len: usize,
+    /// Marked (or being marked) `MADV_DONTFORK`: a child forked now may lack it. Set before
+    /// the advice is given and cleared after it is taken back, so that a child never trusts
+    /// a mapping it may not have.
+    left_out: bool,
+}
+
+impl PageAlloc {
+    /// A fresh mapping for `len` bytes (its capacity rounded up, see [`PAGE_STEP`]).
+    fn new(len: usize, max_each: usize) -> std::io::Result<PageAlloc> {
+        let mut cap = len.div_ceil(PAGE_STEP).max(1) * PAGE_STEP;
+        if cap > max_each {
+            cap = len.div_ceil(PAGE).max(1) * PAGE;
+        }
+        Ok(PageAlloc {
+            map: MmapMut::map_anon(cap)?,
+            len,
+            left_out: false,
+        })
+    }
+
+    fn capacity(&self) -> usize {
+        self.map.len()
+    }
+}
+
+impl ReadAlloc {
+    /// Makes the read `len` bytes long. A heap allocation zeroes only its growth (a recycled
+    /// allocation of the same size costs nothing); a mapping too small is replaced.
+    pub fn set_len(&mut self, len: usize) {
+        match self {
+            ReadAlloc::Heap(v) => v.resize(len, 0),
+            ReadAlloc::Pages(p) if len <= p.capacity() => p.len = len,
+            ReadAlloc::Pages(_) => {
+                *self = match PageAlloc::new(len, usize::MAX) {
+                    Ok(p) => ReadAlloc::Pages(p),
+                    Err(_) => ReadAlloc::Heap(vec![0; len]),
+                }
+            }
+        }
+    }
+
+    /// The read's bytes, to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            ReadAlloc::Heap(v) => v,
+            ReadAlloc::Pages(p) => &mut p.map[..p.len],
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            ReadAlloc::Heap(v) => v,
+            ReadAlloc::Pages(p) => &p.map[..p.len],
+        }
+    }
+
+    /// Whether it is a mapping of its own.
+    pub fn is_pages(&self) -> bool {
+        matches!(self, ReadAlloc::Pages(_))
     }
 }
 
@@ -65,10 +166,52 @@ pub struct BufferPool {
 
 /// The kept allocations and their capacity in all (kept alongside: `give_back` runs once per
 /// read, and a stream of small shuffled samples reads once per sample).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Free {
     buffers: Vec<Vec<u8>>,
+    /// Kept mappings (marked `MADV_DONTFORK` before a fork).
+    pages: Vec<PageAlloc>,
+    /// The process whose mappings `pages` holds.
+    pid: u32,
     bytes: usize,
+}
+
+impl Default for Free {
+    fn default() -> Self {
+        Free {
+            buffers: Vec::new(),
+            pages: Vec::new(),
+            pid: std::process::id(),
+            bytes: 0,
+        }
+    }
+}
+
+impl Free {
+    /// If this list was inherited through `fork`, drops its kept mappings: those left out of
+    /// this process are forgotten, never used nor unmapped (something else may live at their
+    /// addresses here); the others are this process's copies and are unmapped.
+    fn forget_inherited_pages(&mut self) {
+        let pid = std::process::id();
+        if self.pid != pid {
+            let gone: usize = self.pages.iter().map(PageAlloc::capacity).sum();
+            for p in std::mem::take(&mut self.pages) {
+                if p.left_out {
+                    std::mem::forget(p);
+                }
+            }
+            self.bytes = self.bytes.saturating_sub(gone);
+            self.pid = pid;
+        }
+    }
+}
+
+impl Drop for Free {
+    fn drop(&mut self) {
+        if !self.pages.is_empty() {
+            self.forget_inherited_pages();
+        }
+    }
 }
 
 impl BufferPool {
@@ -99,13 +242,24 @@ impl BufferPool {
         BufferPool::kept_in(&LATEST_POOL, max_bytes, RUN_BYTES as usize + 4096)
     }
 
-    /// Frees the allocations kept for the next reads (the pool itself stays usable); returns
-    /// their bytes.
+    /// Before a fork: frees the heap allocations kept for the next reads (the pool itself
+    /// stays usable) and leaves the kept mappings out of the children (`MADV_DONTFORK`; they
+    /// stay kept); returns the heap bytes freed.
     fn release(&self) -> usize {
         match self.lock() {
             Some(mut free) => {
+                free.forget_inherited_pages();
+                for p in free.pages.iter_mut().filter(|p| !p.left_out) {
+                    // Flag first: a child forked in between forgets a mapping it has (a leak
+                    // of its copy) rather than trusting one it lacks.
+                    p.left_out = true;
+                    // On failure the child simply inherits it.
+                    let _ = p.map.advise(Advice::DontFork);
+                }
+                let heap: usize = free.buffers.iter().map(Vec::capacity).sum();
                 free.buffers = Vec::new();
-                std::mem::take(&mut free.bytes)
+                free.bytes -= heap;
+                heap
             }
             None => 0,
         }
@@ -156,6 +310,59 @@ impl BufferPool {
         }
     }
 
+    /// An allocation for a read of `want` bytes: from the heap ([`BufferPool::take`]) below
+    /// [`PAGE_READ_MIN`], else a kept mapping of at least `want` bytes (and not much more), or a
+    /// fresh one. Its length is `want`; its contents are whatever it held.
+    pub fn take_read(&self, want: usize) -> ReadAlloc {
+        if want < PAGE_READ_MIN {
+            let mut v = self.take(want);
+            v.resize(want, 0);
+            return ReadAlloc::Heap(v);
+        }
+        let fits = |cap: usize| cap >= want && cap <= want + want / 4 + PAGE_STEP;
+        if let Some(mut free) = self.lock() {
+            free.forget_inherited_pages();
+            while let Some(i) = free.pages.iter().rposition(|p| fits(p.capacity())) {
+                let mut p = free.pages.swap_remove(i);
+                free.bytes -= p.capacity();
+                if p.left_out {
+                    // Samples will point into it: children must inherit it again.
+                    if p.map.advise(Advice::DoFork).is_err() {
+                        // Still left out of children: never hand it out (unmapping it is
+                        // safe in this process).
+                        continue;
+                    }
+                    p.left_out = false;
+                }
+                p.len = want;
+                return ReadAlloc::Pages(p);
+            }
+        }
+        match PageAlloc::new(want, self.max_each) {
+            Ok(p) => ReadAlloc::Pages(p),
+            Err(_) => ReadAlloc::Heap(vec![0; want]),
+        }
+    }
+
+    /// Keeps a read's allocation for a later read, or frees it.
+    fn give_back_read(&self, alloc: ReadAlloc) {
+        let p = match alloc {
+            ReadAlloc::Heap(v) => return self.give_back(v),
+            ReadAlloc::Pages(p) => p,
+        };
+        if p.capacity() > self.max_each {
+            return;
+        }
+        let Some(mut free) = self.lock() else {
+            return;
+        };
+        free.forget_inherited_pages();
+        if free.bytes + p.capacity() <= self.max_bytes {
+            free.bytes += p.capacity();
+            free.pages.push(p);
+        }
+    }
+
     /// Keeps `buf` for a later read if it is small enough and the pool has room; frees it
     /// otherwise.
     fn give_back(&self, buf: Vec<u8>) {
@@ -181,7 +388,8 @@ impl BufferPool {
     #[cfg(test)]
     fn kept_bytes(&self) -> usize {
         let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = free.buffers.iter().map(Vec::capacity).sum();
+        let bytes = free.buffers.iter().map(Vec::capacity).sum::<usize>()
+            + free.pages.iter().map(PageAlloc::capacity).sum::<usize>();
         assert_eq!(
             free.bytes, bytes,
             "the running count matches the kept allocations"
@@ -194,18 +402,27 @@ impl BufferPool {
 /// pool (if any) when the last of them is dropped.
 #[derive(Debug)]
 pub struct PooledBuffer {
-    data: Vec<u8>,
+    data: ReadAlloc,
     pool: Option<Arc<BufferPool>>,
 }
 
 impl PooledBuffer {
     /// A buffer that is freed when dropped.
     pub fn unpooled(data: Vec<u8>) -> Self {
-        PooledBuffer { data, pool: None }
+        PooledBuffer {
+            data: ReadAlloc::Heap(data),
+            pool: None,
+        }
     }
 
     /// A buffer whose allocation goes back to `pool` when dropped.
     pub fn pooled(data: Vec<u8>, pool: &Arc<BufferPool>) -> Self {
+        PooledBuffer::pooled_read(ReadAlloc::Heap(data), pool)
+    }
+
+    /// A read (from [`BufferPool::take_read`]) whose allocation goes back to `pool` when
+    /// dropped.
+    pub fn pooled_read(data: ReadAlloc, pool: &Arc<BufferPool>) -> Self {
         PooledBuffer {
             data,
             pool: Some(Arc::clone(pool)),
@@ -215,7 +432,7 @@ impl PooledBuffer {
 
 impl AsRef<[u8]> for PooledBuffer {
     fn as_ref(&self) -> &[u8] {
-        &self.data
+        self.data.as_slice()
     }
 }
 
@@ -223,14 +440,17 @@ impl Deref for PooledBuffer {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.data
+        self.data.as_slice()
     }
 }
 
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.give_back(std::mem::take(&mut self.data));
+            pool.give_back_read(std::mem::replace(
+                &mut self.data,
+                ReadAlloc::Heap(Vec::new()),
+            ));
         }
     }
 }
@@ -316,6 +536,126 @@ mod tests {
         );
         drop(PooledBuffer::unpooled(vec![1u8; 10]));
         assert_eq!(pool.kept_bytes(), before);
+    }
+
+    /// The kernel's flags of the mapping that holds `addr` (`VmFlags` in /proc/self/smaps;
+    /// `dc` is `MADV_DONTFORK`).
+    fn vm_flags(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = head.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.split_whitespace().map(str::to_string).collect();
+                }
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    fn read_of(pool: &Arc<BufferPool>, len: usize, fill: u8) -> PooledBuffer {
+        let mut alloc = pool.take_read(len);
+        alloc.as_mut_slice().fill(fill);
+        PooledBuffer::pooled_read(alloc, pool)
+    }
+
+    #[test]
+    fn large_reads_get_mappings_that_are_kept_and_reused() {
+        let pool = BufferPool::new(8 << 20, RUN_BYTES as usize + 4096);
+        let small = pool.take_read(PAGE_READ_MIN - 1);
+        assert!(!small.is_pages(), "small reads stay on the heap");
+        let first = read_of(&pool, 1_000_000, 7);
+        assert_eq!(first.len(), 1_000_000);
+        assert!(first.iter().all(|&b| b == 7));
+        let addr = first.as_ptr() as usize;
+        drop(first);
+        assert_eq!(pool.kept_bytes(), 1 << 20, "kept, rounded up to 64 KiB");
+        let again = read_of(&pool, 990_000, 8);
+        assert_eq!(
+            again.as_ptr() as usize,
+            addr,
+            "the next large read reuses it"
+        );
+        assert_eq!(again.len(), 990_000);
+        assert_eq!(pool.kept_bytes(), 0);
+        drop(again);
+        let smaller = pool.take_read(500_000);
+        assert!(smaller.is_pages());
+        assert_eq!(
+            pool.kept_bytes(),
+            1 << 20,
+            "a much smaller read does not pin the mapping"
+        );
+    }
+
+    #[test]
+    fn before_a_fork_kept_mappings_are_left_out_and_taken_back_when_used() {
+        let pool = BufferPool::new(8 << 20, RUN_BYTES as usize + 4096);
+        let kept = read_of(&pool, 1 << 20, 1);
+        let in_use = read_of(&pool, 1 << 20, 2);
+        let (kept_addr, in_use_addr) = (kept.as_ptr() as usize, in_use.as_ptr() as usize);
+        drop(kept);
+        assert!(!vm_flags(kept_addr).contains(&"dc".to_string()));
+        assert_eq!(
+            pool.release(),
+            0,
+            "no heap bytes to free; the mapping stays"
+        );
+        assert_eq!(pool.kept_bytes(), 1 << 20);
+        assert!(
+            vm_flags(kept_addr).contains(&"dc".to_string()),
+            "a kept mapping is left out of children"
+        );
+        assert!(
+            !vm_flags(in_use_addr).contains(&"dc".to_string()),
+            "a mapping that samples use is inherited"
+        );
+        let taken = read_of(&pool, 1 << 20, 3);
+        assert_eq!(taken.as_ptr() as usize, kept_addr);
+        assert!(
+            !vm_flags(kept_addr).contains(&"dc".to_string()),
+            "handed out again, it is inherited again"
+        );
+        assert!(taken.iter().all(|&b| b == 3) && in_use.iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn an_inherited_free_list_forgets_the_mappings_left_out_of_its_process() {
+        let pool = BufferPool::new(8 << 20, RUN_BYTES as usize + 4096);
+        drop(read_of(&pool, 1 << 20, 1));
+        drop(read_of(&pool, 2 << 19, 1));
+        pool.release();
+        let left_out = {
+            let mut free = pool.free.lock().unwrap();
+            // What a forked child finds: another process's list.
+            free.pid = free.pid.wrapping_add(1);
+            free.pages
+                .iter()
+                .map(|p| p.map.as_ptr() as usize)
+                .collect::<Vec<_>>()
+        };
+        assert!(!left_out.is_empty());
+        let fresh = read_of(&pool, 1 << 20, 4);
+        assert!(
+            !left_out.contains(&(fresh.as_ptr() as usize)),
+            "a mapping left out of this process is never handed out"
+        );
+        drop(fresh);
+        assert_eq!(
+            pool.kept_bytes(),
+            1 << 20,
+            "only this process's mapping is kept"
+        );
+        // The forgotten mappings are still there in this test process: unmap nothing twice.
     }
 
     #[test]

@@ -17,7 +17,7 @@ use shardstream_sharding::mds::Columns;
 use shardstream_sharding::Sample;
 
 use super::growing::{Growing, Landing};
-use crate::buffers::PooledBuffer;
+use crate::buffers::{PooledBuffer, ReadAlloc};
 use crate::cache::ShardLease;
 use crate::error::{Result, StreamerError};
 
@@ -199,13 +199,18 @@ impl ShardHandle {
 
     /// Reads samples `first..last` into `buf` (one `pread`), reusing its allocation; returns
     /// the file offset of `buf[0]`.
-    pub(crate) fn read_run(&self, first: u64, last: u64, buf: &mut Vec<u8>) -> Result<u64> {
+    pub(crate) fn read_run(&self, first: u64, last: u64, buf: &mut ReadAlloc) -> Result<u64> {
         let start = self.sample_range(first)?.start;
         let end = self.sample_range(last - 1)?.end;
-        // Only growth is zeroed: a recycled buffer of the same size costs no page faults.
         self.wait_for(end)?;
-        buf.resize((end - start) as usize, 0);
-        read_exact_at(&self.inner.file, &self.inner.path, buf, start)?;
+        // Only growth is zeroed: a recycled buffer of the same size costs no page faults.
+        buf.set_len((end - start) as usize);
+        read_exact_at(
+            &self.inner.file,
+            &self.inner.path,
+            buf.as_mut_slice(),
+            start,
+        )?;
         Ok(start)
     }
 

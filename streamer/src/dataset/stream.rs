@@ -549,12 +549,12 @@ impl SampleStream {
         last: u64,
         bytes: u64,
     ) -> Result<(u64, Arc<PooledBuffer>)> {
-        let mut vec = self.ds.read_buffers.take(bytes as usize);
-        let base = h.read_run(first, last, &mut vec)?;
+        let mut alloc = self.ds.read_buffers.take_read(bytes as usize);
+        let base = h.read_run(first, last, &mut alloc)?;
         Metrics::add(&self.ds.metrics.sample_reads, 1);
         Ok((
             base,
-            Arc::new(PooledBuffer::pooled(vec, &self.ds.read_buffers)),
+            Arc::new(PooledBuffer::pooled_read(alloc, &self.ds.read_buffers)),
         ))
     }
 
