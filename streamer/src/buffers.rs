@@ -133,7 +133,8 @@ impl ReadAlloc {
     }
 
     /// Whether it is a mapping of its own.
-    pub fn is_pages(&self) -> bool {
+    #[cfg(test)]
+    fn is_pages(&self) -> bool {
         matches!(self, ReadAlloc::Pages(_))
     }
 }
@@ -312,12 +313,11 @@ impl BufferPool {
 
     /// An allocation for a read of `want` bytes: from the heap ([`BufferPool::take`]) below
     /// [`PAGE_READ_MIN`], else a kept mapping of at least `want` bytes (and not much more), or a
-    /// fresh one. Its length is `want`; its contents are whatever it held.
+    /// fresh one. The reader sets its length ([`ReadAlloc::set_len`]); its contents are
+    /// whatever it held.
     pub fn take_read(&self, want: usize) -> ReadAlloc {
         if want < PAGE_READ_MIN {
-            let mut v = self.take(want);
-            v.resize(want, 0);
-            return ReadAlloc::Heap(v);
+            return ReadAlloc::Heap(self.take(want));
         }
         let fits = |cap: usize| cap >= want && cap <= want + want / 4 + PAGE_STEP;
         if let Some(mut free) = self.lock() {
@@ -334,7 +334,6 @@ impl BufferPool {
                     }
                     p.left_out = false;
                 }
-                p.len = want;
                 return ReadAlloc::Pages(p);
             }
         }
@@ -564,6 +563,7 @@ mod tests {
 
     fn read_of(pool: &Arc<BufferPool>, len: usize, fill: u8) -> PooledBuffer {
         let mut alloc = pool.take_read(len);
+        alloc.set_len(len);
         alloc.as_mut_slice().fill(fill);
         PooledBuffer::pooled_read(alloc, pool)
     }
