@@ -36,9 +36,9 @@ impl Buffer {
 
     /// Column `column` of `sample`, without a copy: the buffer shares the sample's read.
     pub fn column(sample: &RawSample, column: usize) -> Option<Self> {
-        // `columns()` returns slices of the sample's `Arc`-held read; keeping a clone of the
+        // `column()` returns a slice of the sample's `Arc`-held read; keeping a clone of the
         // sample keeps that read alive, and its bytes are never written after the read.
-        if column >= sample.columns().len() {
+        if column >= sample.num_columns() {
             return None;
         }
         Some(Buffer::new(Bytes::from_owner(ColumnOf {
@@ -62,11 +62,7 @@ struct ColumnOf {
 impl AsRef<[u8]> for ColumnOf {
     fn as_ref(&self) -> &[u8] {
         // `Buffer::column` checked the index; the same sample always gives the same slice.
-        self.sample
-            .columns()
-            .get(self.column)
-            .copied()
-            .unwrap_or(&[])
+        self.sample.column(self.column).unwrap_or(&[])
     }
 }
 

@@ -684,21 +684,20 @@ impl NativeStream {
             let first = count == 0;
             count += raws.len();
             py.detach(|| {
-                let split: Vec<Vec<&[u8]>> = raws.iter().map(RawSample::columns).collect();
                 if first {
                     // Sized from the first samples, for the whole batch.
                     gathers = wanted
                         .iter()
                         .map(|&c| {
-                            let seen: usize = split.iter().map(|v| value_of(v, c).len()).sum();
-                            let expected = seen / split.len().max(1) * n;
+                            let seen: usize = raws.iter().map(|r| value_of(r, c).len()).sum();
+                            let expected = seen / raws.len().max(1) * n;
                             ColumnGather::new(c, &encodings[c], pool, expected)
                         })
                         .collect();
                 }
-                for values in &split {
+                for raw in &raws {
                     for gather in &mut gathers {
-                        gather.push(value_of(values, gather.column));
+                        gather.push(value_of(raw, gather.column));
                     }
                 }
             });
@@ -748,8 +747,8 @@ struct Gathered {
 }
 
 /// Value `c` of a sample's columns (empty when the sample has fewer).
-fn value_of<'a>(values: &[&'a [u8]], c: usize) -> &'a [u8] {
-    values.get(c).copied().unwrap_or(&[])
+fn value_of(raw: &RawSample, c: usize) -> &[u8] {
+    raw.column(c).unwrap_or(&[])
 }
 
 /// One column of a batch being laid end to end as its samples arrive, in an allocation from the

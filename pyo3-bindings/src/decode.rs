@@ -50,19 +50,19 @@ pub fn parse_sample(
     path: impl Fn() -> String,
 ) -> Result<ParsedSample, FormatError> {
     let sample = raw.index_in_shard();
-    let columns = raw.columns();
-    if columns.len() != encodings.len() {
+    if raw.num_columns() != encodings.len() {
         return Err(FormatError::corrupt(
             path(),
             format!(
                 "sample {sample}: {} columns, the index declares {}",
-                columns.len(),
+                raw.num_columns(),
                 encodings.len()
             ),
         ));
     }
-    let mut values = Vec::with_capacity(columns.len());
-    for (i, ((enc, name), data)) in encodings.iter().zip(names).zip(&columns).enumerate() {
+    let mut values = Vec::with_capacity(encodings.len());
+    for (i, (enc, name)) in encodings.iter().zip(names).enumerate() {
+        let data = raw.column(i).unwrap_or(&[]);
         let value = match enc {
             Encoding::Json | Encoding::Pickle | Encoding::Bytes => Column::Stored(i),
             _ => Column::Value(enc.decode(data).map_err(|e| match e {
@@ -80,7 +80,6 @@ pub fn parse_sample(
         };
         values.push(value);
     }
-    drop(columns);
     let keep = values.iter().any(|c| matches!(c, Column::Stored(_)));
     Ok(ParsedSample {
         columns: values,

@@ -279,3 +279,74 @@ proptest! {
         prop_assert_eq!(read, samples);
     }
 }
+
+proptest! {
+    /// `Columns::split_ranges` (the streamer's per-sample split) finds each column's encoded
+    /// bytes in a sample of fixed and variable columns in any (sorted-name) order, and refuses
+    /// a sample that is cut short or has bytes left over, naming the file and the sample.
+    #[test]
+    fn split_ranges_finds_every_column_and_refuses_wrong_lengths(
+        names in Just(vec!["a", "b", "c", "d"]).prop_shuffle(),
+        blob in prop::collection::vec(any::<u8>(), 0..300),
+        text in ".{0,40}",
+        int in any::<i64>(),
+        byte in any::<u8>(),
+        cut in any::<prop::sample::Index>(),
+        extra in 1usize..5,
+    ) {
+        let kinds = [
+            ("bytes", Value::Bytes(blob)),
+            ("str", Value::Str(text)),
+            ("int", Value::Int(int)),
+            ("uint8", Value::Bytes(vec![byte])),
+        ];
+        let spec: Vec<(String, String)> =
+            names.iter().zip(&kinds).map(|(n, (enc, _))| (n.to_string(), enc.to_string())).collect();
+        let columns = Columns::new(&spec).unwrap();
+        let values: BTreeMap<String, Value> =
+            names.iter().zip(&kinds).map(|(n, (_, v))| (n.to_string(), v.clone())).collect();
+        let sample: Sample = values.clone().into_iter().collect();
+        let mut body = Vec::new();
+        columns.encode_sample(&sample, &mut body).unwrap();
+
+        let ranges = columns.split_ranges("x.mds", 7, &body).unwrap();
+        prop_assert_eq!(ranges.len(), spec.len());
+        for ((name, enc), r) in columns.names().iter().zip(columns.encodings()).zip(&ranges) {
+            let want = enc.encode(&values[name]).unwrap();
+            prop_assert_eq!(&body[r.clone()], &want[..], "column {}", name);
+        }
+        let split = columns.split_sample("x.mds", 7, &body).unwrap();
+        prop_assert_eq!(split, ranges.iter().map(|r| &body[r.clone()]).collect::<Vec<_>>());
+
+        let short = cut.index(body.len());
+        let err = columns.split_ranges("x.mds", 7, &body[..short]).unwrap_err().to_string();
+        prop_assert!(err.contains("x.mds") && err.contains("sample 7"), "{}", err);
+        let mut long = body.clone();
+        long.extend(std::iter::repeat_n(0u8, extra));
+        let err = columns.split_ranges("x.mds", 7, &long).unwrap_err().to_string();
+        prop_assert!(err.contains(&format!("{extra} bytes left after the last column")), "{}", err);
+    }
+}
+
+#[test]
+fn a_cut_size_header_names_the_column_whose_size_is_missing() {
+    let spec =
+        [("a", "int"), ("b", "bytes"), ("c", "str")].map(|(n, e)| (n.to_string(), e.to_string()));
+    let columns = Columns::new(&spec).unwrap();
+    // Two variable columns: an 8-byte header of sizes; 5 bytes hold only "b"'s.
+    let err = columns
+        .split_ranges("y.mds", 3, &[0; 5])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("y.mds")
+            && err.contains("sample 3")
+            && err.contains("size of column \"c\" is cut off"),
+        "{err}"
+    );
+    let err = columns
+        .split_ranges("y.mds", 3, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("size of column \"b\" is cut off"), "{err}");
+}

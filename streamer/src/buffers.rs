@@ -6,7 +6,7 @@
 //! buffer back when it reads the next one. Without recycling, every 1 MiB read was a fresh
 //! allocation: fresh pages, faulted in and zeroed by the kernel, a second pass over memory
 //! before the `pread` copy. The last owner of a [`PooledBuffer`] instead hands its allocation back
-//! to the dataset's [`BufferPool`], which keeps a few of them (a bounded number of bytes) for the
+//! to the dataset's [`BufferPool`], which keeps a few of them (bounded in bytes and in number) for the
 //! next reads. The Python binding does the same for the column buffers of `iter_batches`, whose
 //! previous batch Python holds while the next one is gathered.
 //!
@@ -32,6 +32,11 @@ use crate::dataset::RUN_BYTES;
 
 /// Capacity a recycled allocation may have whatever the read's size.
 const SMALL_SLACK: usize = 4 << 10;
+/// Most heap allocations the pool keeps, whatever their bytes. A stream of small shuffled
+/// samples reads once per sample, and a list bounded only by bytes (16 MiB) grew to many
+/// thousands of 100-byte allocations that every `take` scanned (6 % of a 100-byte
+/// `iter_batches` epoch's CPU); past this many, the allocator recycles small blocks as well.
+const MAX_KEPT_BUFFERS: usize = 64;
 /// Smallest read that gets a mapping of its own instead of heap memory (smaller reads are
 /// many, and a mapping costs two system calls to make and one to unmap).
 pub const PAGE_READ_MIN: usize = 64 << 10;
@@ -371,7 +376,7 @@ impl BufferPool {
         let Some(mut free) = self.lock() else {
             return;
         };
-        if free.bytes + buf.capacity() <= self.max_bytes {
+        if free.bytes + buf.capacity() <= self.max_bytes && free.buffers.len() < MAX_KEPT_BUFFERS {
             free.bytes += buf.capacity();
             free.buffers.push(buf);
         }
@@ -516,6 +521,25 @@ mod tests {
         assert_eq!(again.len(), 1000);
         assert!(again.capacity() >= 1000);
         assert!(pool.take(1000).is_empty(), "the pool held one allocation");
+    }
+
+    #[test]
+    fn the_pool_keeps_a_bounded_number_of_small_allocations() {
+        // Room for thousands by bytes: the count bounds the list every `take` searches.
+        let pool = BufferPool::new(16 << 20, 1 << 20);
+        let held: Vec<PooledBuffer> = (0..MAX_KEPT_BUFFERS * 3)
+            .map(|_| PooledBuffer::pooled(vec![1u8; 100], &pool))
+            .collect();
+        drop(held);
+        assert_eq!(pool.kept_bytes(), MAX_KEPT_BUFFERS * 100);
+        let mut taken = 0;
+        while pool.take(100).capacity() > 0 {
+            taken += 1;
+        }
+        assert_eq!(
+            taken, MAX_KEPT_BUFFERS,
+            "each kept allocation is handed out once"
+        );
     }
 
     #[test]

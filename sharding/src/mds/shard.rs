@@ -23,6 +23,7 @@
 //! assert_eq!(reader.decode_sample(0).unwrap(), sample);
 //! ```
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{FormatError, Result};
@@ -165,41 +166,63 @@ impl Columns {
         sample: u64,
         data: &'a [u8],
     ) -> Result<Vec<&'a [u8]>> {
+        Ok(self
+            .split_ranges(path, sample, data)?
+            .into_iter()
+            .map(|r| &data[r])
+            .collect())
+    }
+
+    /// Where each column's bytes lie in one sample's bytes (`data`), in column order; checks
+    /// that the columns fill `data` exactly. One allocation: a stream of small samples splits
+    /// one per sample, and the per-sample vectors of sizes and slices it once built were a
+    /// tenth of a 100-byte batch epoch's CPU.
+    pub fn split_ranges(&self, path: &str, sample: u64, data: &[u8]) -> Result<Vec<Range<usize>>> {
         let corrupt =
             |reason: String| FormatError::corrupt(path, format!("sample {sample}: {reason}"));
-        let mut rest = data;
-        let mut sizes = Vec::with_capacity(self.sizes.len());
-        for (name, size) in self.names.iter().zip(&self.sizes) {
-            match size {
-                Some(s) => sizes.push(*s),
-                None => {
-                    let (head, tail) = rest
-                        .split_first_chunk::<4>()
-                        .ok_or_else(|| corrupt(format!("size of column {name:?} is cut off")))?;
-                    sizes.push(u64::from(u32::from_le_bytes(*head)));
-                    rest = tail;
-                }
-            }
+        // Variable columns' u32 sizes come first, in column order.
+        let variable = self.sizes.iter().filter(|s| s.is_none()).count();
+        if data.len() < 4 * variable {
+            let cut = self
+                .names
+                .iter()
+                .zip(&self.sizes)
+                .filter(|(_, s)| s.is_none())
+                .nth(data.len() / 4)
+                .map_or("", |(n, _)| n.as_str());
+            return Err(corrupt(format!("size of column {cut:?} is cut off")));
         }
-        let mut parts = Vec::with_capacity(sizes.len());
-        for (name, size) in self.names.iter().zip(sizes) {
-            if size > rest.len() as u64 {
+        let mut at = 4 * variable;
+        let mut size_at = 0;
+        let mut ranges = Vec::with_capacity(self.sizes.len());
+        for (name, size) in self.names.iter().zip(&self.sizes) {
+            let size = match size {
+                Some(s) => *s,
+                None => {
+                    let head = data
+                        .get(size_at..size_at + 4)
+                        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                        .ok_or_else(|| corrupt(format!("size of column {name:?} is cut off")))?;
+                    size_at += 4;
+                    u64::from(u32::from_le_bytes(head))
+                }
+            };
+            let left = data.len().saturating_sub(at);
+            if size > left as u64 {
                 return Err(corrupt(format!(
-                    "column {name:?} claims {size} bytes, only {} left",
-                    rest.len()
+                    "column {name:?} claims {size} bytes, only {left} left"
                 )));
             }
-            let (part, tail) = rest.split_at(size as usize);
-            parts.push(part);
-            rest = tail;
+            ranges.push(at..at + size as usize);
+            at += size as usize;
         }
-        if !rest.is_empty() {
+        if at < data.len() {
             return Err(corrupt(format!(
                 "{} bytes left after the last column",
-                rest.len()
+                data.len() - at
             )));
         }
-        Ok(parts)
+        Ok(ranges)
     }
 
     /// Decodes one sample's bytes.

@@ -249,19 +249,14 @@ impl ShardHandle {
                 what: self.inner.name.to_string(),
                 reason: format!("sample {i} lies outside its read"),
             })?;
-        let parts = self
+        let mut cols = self
             .inner
             .columns
-            .split_sample(&self.inner.name, i, bytes)
+            .split_ranges(&self.inner.name, i, bytes)
             .map_err(StreamerError::from)?;
-        let base = bytes.as_ptr() as usize;
-        let cols = parts
-            .iter()
-            .map(|p| {
-                let at = p.as_ptr() as usize - base + range.start;
-                at..at + p.len()
-            })
-            .collect();
+        for col in &mut cols {
+            *col = col.start + range.start..col.end + range.start;
+        }
         Ok(RawSample {
             buf,
             range,
@@ -409,6 +404,17 @@ impl RawSample {
     /// The raw bytes of each column, in the index's column order (zero copy).
     pub fn columns(&self) -> Vec<&[u8]> {
         self.cols.iter().map(|r| &self.buf[r.clone()]).collect()
+    }
+
+    /// The raw bytes of column `c` (in the index's column order), or `None` past the last
+    /// column; no allocation, unlike [`RawSample::columns`].
+    pub fn column(&self, c: usize) -> Option<&[u8]> {
+        self.cols.get(c).and_then(|r| self.buf.get(r.clone()))
+    }
+
+    /// How many columns it has.
+    pub fn num_columns(&self) -> usize {
+        self.cols.len()
     }
 
     /// The column names, in the same order as [`RawSample::columns`].
