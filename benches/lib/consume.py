@@ -7,6 +7,14 @@ and have the profile's length. A run that is fast and wrong reports its failure 
 Timing starts just before the dataset object is built (imports excluded: they are the same for a
 training script whatever loader it uses) and ends after the last sample reached this process.
 Time to first sample is from the same start to the first sample in this process.
+
+Peak memory is not measured in the timed epochs: reading a process's smaps_rollup walks its page
+tables (10-13 ms of CPU per process with torch imported, three processes with two DataLoader
+workers), and a sampler doing that every 50 ms during a timed epoch took a quarter of the
+fastest loaders' speed on a 2-core machine while barely slowing the slowest (which wait on I/O
+more than they compute). After a configuration's timed epochs, one more epoch of it runs with
+this process sampling the PSS of its process tree (itself and its DataLoader workers) at the start,
+every 50 ms, and at the last sample; it reports only `peak_mem` and `mem_series`.
 """
 
 from __future__ import annotations
@@ -17,8 +25,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+
+from measure import tree_pss_bytes
 
 T_START = time.time()
 SPEC = json.loads(sys.argv[1])
@@ -93,6 +104,36 @@ def _torch_iterable(obj):
             return iter(obj)
 
     return _It()
+
+
+class TreeMemory:
+    """Samples the PSS of this process and its descendants (DataLoader workers) in a thread: at
+    `start`, every `interval` seconds, and once more at `stop`, so that an epoch shorter than the
+    interval still has a sample taken while it ran."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.series: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        v = tree_pss_bytes(os.getpid())
+        if v:
+            self.series.append((time.time(), v))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 # --- building each system's iterable ----------------------------------------------------------------
@@ -203,11 +244,14 @@ def counters() -> dict:
         return {}
 
 
-def epoch(job: dict, local: str, shuffle: bool, workers: int) -> dict:
+def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory | None = None) -> dict:
+    """One checked epoch; with `memory`, sampled for peak memory (and then not for speed)."""
     n, size = job["samples"], job["sample_bytes"]
     seen = bytearray(n)
     dup = bad = out_of_range = count = nbytes = 0
     c0 = counters()
+    if memory is not None:
+        memory.start()
     t0 = time.time()
     it, batched = build(job, local, shuffle, workers)
     t_first = None
@@ -260,12 +304,20 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int) -> dict:
             i, d = EXTRACT(s)
             check(i, d)
     t_end = time.time()
+    if memory is not None:
+        memory.stop()  # before the iterator (and whatever it holds) is dropped
     c1 = counters()
     missing = n - sum(seen)
     problems = [f"{v} {k}" for k, v in (("missing", missing), ("duplicated", dup), ("with wrong bytes", bad),
                                          ("out of range", out_of_range)) if v]
     del it
     gc.collect()
+    if memory is not None:
+        return {
+            "check": "ok" if not problems else "; ".join(problems),
+            "peak_mem": max((v for _, v in memory.series), default=None),
+            "mem_series": [(round(t - t0, 3), v) for t, v in memory.series],
+        }
     return {
         "since_process_start_s": round(t0 - T_START, 2), "t0": t0, "t_first": t_first, "t_end": t_end, "samples": count, "bytes": nbytes,
         "epoch_s": t_end - t0, "ttfs_s": (t_first - t0) if t_first else None,
@@ -295,16 +347,22 @@ def main() -> None:
             shutil.rmtree(warm_src, ignore_errors=True)
             warm_src = None
         k = 0
-        for rep in range(SPEC["runs"]):
-            for cfg in job["configs"]:
-                local = os.path.join(scratch, f"run{k}")
-                shutil.rmtree(local, ignore_errors=True)
-                if warm_src is not None:
-                    subprocess.run(["cp", "-al", warm_src, local], check=True)
+        # The timed epochs, then one epoch per configuration for its peak memory (module doc).
+        plan = [(rep, cfg) for rep in range(SPEC["runs"]) for cfg in job["configs"]]
+        plan += [(None, cfg) for cfg in job["configs"]]
+        for rep, cfg in plan:
+            local = os.path.join(scratch, f"run{k}")
+            shutil.rmtree(local, ignore_errors=True)
+            if warm_src is not None:
+                subprocess.run(["cp", "-al", warm_src, local], check=True)
+            if rep is None:
+                r = epoch(job, local, cfg["shuffle"], cfg["workers"], memory=TreeMemory())
+                print(json.dumps({"job": j, "memory_run": True, **cfg, **r}), flush=True)
+            else:
                 r = epoch(job, local, cfg["shuffle"], cfg["workers"])
                 print(json.dumps({"job": j, "rep": rep, **cfg, **r}), flush=True)
-                shutil.rmtree(local, ignore_errors=True)
-                k += 1
+            shutil.rmtree(local, ignore_errors=True)
+            k += 1
         shutil.rmtree(scratch, ignore_errors=True)
 
 

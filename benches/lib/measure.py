@@ -2,7 +2,8 @@
 median / min / max of repeated runs.
 
 Memory is the sum of PSS (proportional set size, /proc/PID/smaps_rollup) over the child and all its
-descendants, sampled every 50 ms from this process. PSS, not RSS: DataLoader workers are forked and
+descendants, sampled every 50 ms from this process (the streaming benchmark's Python child samples
+its own instead, in epochs it does not time: see consume.py). PSS, not RSS: DataLoader workers are forked and
 share most pages with their parent, so summed RSS would count torch's libraries three times.
 """
 
@@ -59,12 +60,13 @@ def tree_pss_bytes(root: int) -> int:
 class MemorySampler:
     """Samples the PSS of a process tree in a thread: `series` is [(unix time, bytes)]."""
 
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
+    def __init__(self, pid: int, interval: float = 0.05, enabled: bool = True) -> None:
         self.pid, self.interval = pid, interval
         self.series: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        if enabled:
+            self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -75,7 +77,8 @@ class MemorySampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def window(self, t0: float, t1: float) -> list[tuple[float, int]]:
         return [(t, v) for t, v in self.series if t0 <= t <= t1]
@@ -105,15 +108,18 @@ class ChildResult:
     t_end: float = field(default=0.0)
 
 
-def run_child(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None = None) -> ChildResult:
-    """Runs `cmd` (its own process group), killed after `timeout` s; JSON lines on stdout are parsed."""
+def run_child(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None = None,
+              sample_memory: bool = True) -> ChildResult:
+    """Runs `cmd` (its own process group), killed after `timeout` s; JSON lines on stdout are parsed.
+    `sample_memory=False` leaves the child's memory unsampled (a child that samples its own, in
+    epochs it does not time: consume.py)."""
     full = dict(os.environ)
     full.update(env or {})
     t_start = time.time()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full, cwd=cwd, start_new_session=True, text=True
     )
-    sampler = MemorySampler(proc.pid)
+    sampler = MemorySampler(proc.pid, enabled=sample_memory)
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -248,7 +248,8 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
     env = dict(ctx.server.env)
     env["SHARDSTREAM_RUN_ID"] = "bench"
     bound = ctx.timeout * len(jobs)
-    res = run_child([ctx.python, str(LIB / "consume.py"), json.dumps(spec)], bound, env=env)
+    # No sampling from here: consume.py samples its memory itself, in epochs it does not time.
+    res = run_child([ctx.python, str(LIB / "consume.py"), json.dumps(spec)], bound, env=env, sample_memory=False)
     shutil.rmtree(scratch, ignore_errors=True)
     failure = None
     if res.timed_out:
@@ -257,17 +258,28 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
         failure = "exit %s: %s" % (res.rc, (res.stderr_tail.strip().splitlines() or ["?"])[-1][:300])
     profile_by_name = {p.name: p for p in profiles}
     by_key: dict = {}
+    memory_of: dict = {}
     started = {jobs[line["job"]]["system"] for line in res.lines}
     for line in res.lines:
         if line.get("prewarm"):
             continue
+        key = (line["job"], line["workers"], line["shuffle"])
+        if line.get("memory_run"):
+            memory_of[key] = line
+            continue
         job = jobs[line["job"]]
         profile = profile_by_name[job["profile"]]
-        line["peak_mem"] = res.sampler.peak(line["t0"], line["t_end"])
         sb = line.get("server_bytes")
         line["amp"] = sb / profile.data_bytes if sb is not None else None
-        line["mem_series"] = [(round(t - line["t0"], 3), v) for t, v in res.sampler.window(line["t0"], line["t_end"])]
-        by_key.setdefault((line["job"], line["workers"], line["shuffle"]), []).append(line)
+        by_key.setdefault(key, []).append(line)
+    # Each timed run carries its configuration's peak from the memory epoch (one figure).
+    for key, lines in by_key.items():
+        mem = memory_of.get(key, {})
+        for line in lines:
+            line["peak_mem"] = mem.get("peak_mem")
+            line["mem_series"] = mem.get("mem_series", [])
+            if mem.get("check", "ok") != "ok":
+                line["check"] = f"memory epoch: {mem['check']}"
     rows, failed = [], {}
     kinds = {lo.system: lo.kind for lo in loaders}
     for j, job in enumerate(jobs):
