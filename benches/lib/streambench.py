@@ -279,7 +279,8 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
             line["peak_mem"] = mem.get("peak_mem")
             line["mem_series"] = mem.get("mem_series", [])
             if mem.get("check", "ok") != "ok":
-                line["check"] = f"memory epoch: {mem['check']}"
+                own = "" if line.get("check") == "ok" else f"{line.get('check')}; "
+                line["check"] = f"{own}memory epoch: {mem['check']}"
     rows, failed = [], {}
     kinds = {lo.system: lo.kind for lo in loaders}
     for j, job in enumerate(jobs):

@@ -191,12 +191,6 @@ impl Decoder {
     ) -> PyResult<Bound<'py, PyDict>> {
         let imports = imports(py)?;
         let dict = PyDict::new(py);
-        // Column slices are needed only for the columns kept as stored.
-        let stored = sample
-            .raw
-            .as_ref()
-            .map(RawSample::columns)
-            .unwrap_or_default();
         for ((name, enc), column) in self
             .py_names
             .iter()
@@ -206,7 +200,7 @@ impl Decoder {
             let object = match column {
                 Column::Value(value) => value_to_python(py, imports, enc, value)?,
                 Column::Stored(i) => {
-                    let data = stored.get(i).copied().unwrap_or(&[]);
+                    let data = sample.raw.as_ref().and_then(|r| r.column(i)).unwrap_or(&[]);
                     match enc {
                         Encoding::Bytes if self.zero_copy => sample
                             .raw
