@@ -21,17 +21,32 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PySlice, PyTuple};
 use shardstream_streamer::RawSample;
+use std::sync::Arc;
+
+use crate::arena::{SlotAddress, SlotBytes};
 
 /// Read-only bytes owned by Rust (exported as `shardstream.Buffer`).
 #[pyclass(module = "shardstream._native", name = "Buffer", frozen)]
 pub struct Buffer {
     data: Bytes,
+    /// The worker-arena slot `data` lies in, when it does (see `crate::arena`): pickled for a
+    /// DataLoader's queue, such a buffer sends its slot's address instead of its bytes.
+    slot: Option<Arc<SlotBytes>>,
 }
 
 impl Buffer {
     /// A buffer over `data` (no copy).
     pub fn new(data: Bytes) -> Self {
-        Buffer { data }
+        Buffer { data, slot: None }
+    }
+
+    /// A buffer over a slot of a worker arena (no copy).
+    pub fn in_slot(slot: SlotBytes) -> Self {
+        let slot = Arc::new(slot);
+        Buffer {
+            data: Bytes::from_owner(SharedSlot(Arc::clone(&slot))),
+            slot: Some(slot),
+        }
     }
 
     /// Column `column` of `sample`, without a copy: the buffer shares the sample's read.
@@ -50,6 +65,16 @@ impl Buffer {
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.data
+    }
+}
+
+/// A slot's bytes as an owner for [`Bytes::from_owner`], shared with the `Buffer` that may
+/// send the slot's address.
+struct SharedSlot(Arc<SlotBytes>);
+
+impl AsRef<[u8]> for SharedSlot {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref().as_ref()
     }
 }
 
@@ -161,6 +186,15 @@ impl Buffer {
         }
     }
 
+    /// For the reducer a DataLoader worker registers with `ForkingPickler`: the address of the
+    /// arena slot the bytes lie in, `(pid, fd, inode, token, slot, len)`, counting the copy
+    /// about to be sent as a holder of the slot; `None` for a buffer outside an arena (or a
+    /// slice of one), which is sent as `bytes`.
+    fn _share(&self) -> Option<SlotAddress> {
+        let slot = self.slot.as_ref()?;
+        Some(slot.share())
+    }
+
     /// Pickles as `bytes` (a DataLoader worker sends it to the main process that way).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let bytes_type = py.get_type::<PyBytes>();
@@ -170,4 +204,20 @@ impl Buffer {
     fn __repr__(&self) -> String {
         format!("shardstream.Buffer({} bytes)", self.data.len())
     }
+}
+
+/// A `Buffer` over an arena slot another process shared (`Buffer._share`'s address): what a
+/// DataLoader's main process unpickles a worker's batch column into.
+#[pyfunction]
+pub fn _attach_buffer(address: SlotAddress) -> PyResult<Buffer> {
+    let pid = address.0;
+    SlotBytes::attach(address)
+        .map(Buffer::in_slot)
+        .map_err(|e| {
+            crate::errors::ShardstreamError::new_err(format!(
+                "cannot map the batch arena of DataLoader worker {pid} (/proc/{pid}/fd/{}): {e}; \
+             set SHARDSTREAM_WORKER_SHM=0 to send batches through the pipe instead",
+                address.1
+            ))
+        })
 }

@@ -26,6 +26,7 @@ use shardstream_streamer::{
     RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
 };
 
+use crate::arena::{self, SlotBytes, SlotWriter};
 use crate::buffer::Buffer;
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
@@ -639,12 +640,17 @@ impl NativeStream {
     /// and any other column is `(None, offsets, Buffer)`: the columns' bytes laid end to end and
     /// a `Buffer` of `count + 1` little-endian u64 offsets into them. One copy per column per
     /// batch, made with the GIL released; no Python object per sample.
-    #[pyo3(signature = (n, columns=None))]
+    ///
+    /// With `shared` (a DataLoader worker), each variable column's bytes go to a slot of the
+    /// process's batch arena (`crate::arena`) when one is free, so that the batch crosses to
+    /// the main process by address.
+    #[pyo3(signature = (n, columns=None, shared=false))]
     fn next_columns<'py>(
         &self,
         py: Python<'py>,
         n: usize,
         columns: Option<Vec<String>>,
+        shared: bool,
     ) -> PyResult<(usize, Bound<'py, PyDict>)> {
         let n = n.max(1);
         let names = self.decoder.names();
@@ -691,7 +697,17 @@ impl NativeStream {
                         .map(|&c| {
                             let seen: usize = raws.iter().map(|r| value_of(r, c).len()).sum();
                             let expected = seen / raws.len().max(1) * n;
-                            ColumnGather::new(c, &encodings[c], pool, expected)
+                            let slot = if shared
+                                && expected >= arena::MIN_SHARED_BYTES
+                                && fixed_numeric(&encodings[c]).is_none()
+                            {
+                                // Room for batches a quarter larger than the first samples say.
+                                arena::for_worker(expected + expected / 4, pool.max_bytes())
+                                    .and_then(|a| a.take())
+                            } else {
+                                None
+                            };
+                            ColumnGather::new(c, &encodings[c], pool, expected, slot)
                         })
                         .collect();
                 }
@@ -708,7 +724,11 @@ impl NativeStream {
             .collect();
         let out = PyDict::new(py);
         for (c, g) in gathered {
-            let data = Buffer::new(Bytes::from_owner(g.data)).into_pyobject(py)?;
+            let data = match g.data {
+                GatheredBytes::Heap(b) => Buffer::new(Bytes::from_owner(b)),
+                GatheredBytes::Slot(b) => Buffer::in_slot(b),
+            }
+            .into_pyobject(py)?;
             let value = match g.fixed {
                 Some((dtype, shape)) => (
                     Some(dtype.name()),
@@ -742,8 +762,15 @@ struct Gathered {
     fixed: Option<(DType, Vec<u64>)>,
     /// Otherwise `count + 1` little-endian u64 offsets into `data`.
     offsets: Vec<u8>,
+    data: GatheredBytes,
+}
+
+/// Where a gathered column's bytes lie.
+enum GatheredBytes {
     /// Goes back to the dataset's batch pool when Python drops the column.
-    data: PooledBuffer,
+    Heap(PooledBuffer),
+    /// A worker-arena slot, freed when its last holder (here or in the main process) drops it.
+    Slot(SlotBytes),
 }
 
 /// Value `c` of a sample's columns (empty when the sample has fewer).
@@ -760,25 +787,48 @@ struct ColumnGather {
     fixed: Option<(DType, Vec<u64>)>,
     offsets: Vec<u8>,
     data: Vec<u8>,
+    /// The arena slot the values go to instead of `data`, while they fit in it.
+    slot: Option<SlotWriter>,
     end: u64,
 }
 
 impl ColumnGather {
-    fn new(column: usize, enc: &Encoding, pool: &BufferPool, expected_bytes: usize) -> Self {
-        let mut data = pool.take(expected_bytes);
-        data.clear();
-        data.reserve(expected_bytes);
+    fn new(
+        column: usize,
+        enc: &Encoding,
+        pool: &BufferPool,
+        expected_bytes: usize,
+        slot: Option<SlotWriter>,
+    ) -> Self {
+        let data = if slot.is_some() {
+            Vec::new()
+        } else {
+            let mut data = pool.take(expected_bytes);
+            data.clear();
+            data.reserve(expected_bytes);
+            data
+        };
         ColumnGather {
             column,
             fixed: fixed_numeric(enc),
             offsets: 0u64.to_le_bytes().to_vec(),
             data,
+            slot,
             end: 0,
         }
     }
 
     fn push(&mut self, value: &[u8]) {
-        self.data.extend_from_slice(value);
+        let in_slot = self.slot.as_mut().map(|w| w.push(value));
+        if in_slot == Some(false) {
+            // The batch outgrew the slot: it goes on the heap, and the slot back to the arena.
+            if let Some(w) = self.slot.take() {
+                self.data.extend_from_slice(w.written());
+            }
+        }
+        if in_slot != Some(true) {
+            self.data.extend_from_slice(value);
+        }
         self.end += value.len() as u64;
         self.offsets.extend_from_slice(&self.end.to_le_bytes());
         if let Some((dtype, shape)) = &self.fixed {
@@ -796,7 +846,10 @@ impl ColumnGather {
                 self.offsets
             },
             fixed: self.fixed,
-            data: PooledBuffer::pooled(self.data, pool),
+            data: match self.slot {
+                Some(w) => GatheredBytes::Slot(w.finish()),
+                None => GatheredBytes::Heap(PooledBuffer::pooled(self.data, pool)),
+            },
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use pyo3::prelude::*;
 
+mod arena;
 mod buffer;
 mod checkpoint;
 mod dataset;
@@ -20,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<buffer::Buffer>()?;
+    m.add_function(wrap_pyfunction!(buffer::_attach_buffer, m)?)?;
     dataset::register(m)?;
     checkpoint::register(m)?;
     m.add_class::<writer::NativeShardWriter>()?;

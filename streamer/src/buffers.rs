@@ -295,6 +295,11 @@ impl BufferPool {
         pool
     }
 
+    /// The capacity the pool keeps at most, in all.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// A kept allocation fit for a read of `want` bytes (its length is what it last held), or
     /// an empty one. An allocation larger than `want` by more than a quarter (and 4 KiB) is
     /// left in the pool: a small sample would otherwise pin a larger read's memory for as long

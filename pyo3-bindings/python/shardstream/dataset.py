@@ -420,9 +420,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     ) -> Iterator[dict[str, Any]]:
         encodings = self.columns
         stream, _ = self._stream(batch_size, raw=True)
+        # In a DataLoader worker, variable columns cross to the main process through shared
+        # memory (see `_reduce_buffer`).
+        shared = _worker_info_present() and _worker_shm_enabled()
+        if shared:
+            _share_buffers_in_this_worker()
         try:
             while True:
-                count, cols = stream.next_columns(batch_size, columns)
+                count, cols = stream.next_columns(batch_size, columns, shared)
                 if count == 0:
                     break
                 out: dict[str, Any] = {}
@@ -437,6 +442,43 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 yield out
         finally:
             stream.close()
+
+
+def _worker_info_present() -> bool:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return False
+    return get_worker_info() is not None
+
+
+def _worker_shm_enabled() -> bool:
+    return os.environ.get("SHARDSTREAM_WORKER_SHM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _reduce_buffer(buf: Buffer) -> tuple:
+    """How a DataLoader worker pickles a `Buffer` for the main process: a buffer in the
+    worker's batch arena by its slot's address (the main process maps the same pages), any
+    other as `bytes`."""
+    address = buf._share()
+    if address is None:
+        return (bytes, (bytes(buf),))
+    return (_native._attach_buffer, (address,))
+
+
+_SHARING = False
+
+
+def _share_buffers_in_this_worker() -> None:
+    """Registers `_reduce_buffer` with multiprocessing's pickler (what a DataLoader's queues
+    use), once per process; plain `pickle` still gives `bytes`."""
+    global _SHARING
+    if _SHARING:
+        return
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(Buffer, _reduce_buffer)
+    _SHARING = True
 
 
 class ColumnBatches(_Base):  # type: ignore[misc,valid-type]
