@@ -12,10 +12,16 @@
 //!
 //! Each slot has a holder count in the arena's header: the worker's buffer holds it, each
 //! pickled copy adds one, and the receiving side's buffer gives its one back when Python drops
-//! it. A slot is reused only at zero, so neither side ever sees its bytes change. A batch whose
+//! it. A slot is reused only at zero, so neither side ever sees its bytes change. Each copy sent
+//! is also counted as unclaimed until a receiver attaches it, and the address names the slot's
+//! generation (bumped at every reuse): unpickling one message twice, or an address of a slot
+//! since reused, is an error instead of a second release or another batch's bytes. A batch whose
 //! message is never read (a DataLoader dropped mid-epoch) keeps its slot: the arena has a few
 //! slots, and when none is free a batch is gathered on the heap and pickled as `bytes`, as
 //! without an arena. Nothing waits for a slot.
+//!
+//! The file is sealed against resizing, and a receiver checks the header (magic, a random
+//! token, the slot count and size) before it uses anything in it.
 //!
 //! The arena's memory is the binding's batch-pool share of `memory_limit` (it replaces the
 //! pool in a worker); the mapped pages count once in the process tree's PSS.
@@ -31,12 +37,16 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Marks an arena's header ("SSARENA1").
 const MAGIC: u64 = 0x5353_4152_454e_4131;
-/// Header: magic, token, slot count, slot size; then one u32 holder count per slot.
+/// Header: magic, token, slot count, slot size; then [`SlotMeta`] per slot.
 const HEADER_FIXED: usize = 32;
+/// Per slot: holder count, unclaimed sends, generation, unused (u32 each).
+const SLOT_META: usize = 16;
+/// The seals an arena has: its size never changes.
+const ARENA_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 /// Slot data starts at a page boundary past the header.
 const PAGE: usize = 4096;
 /// Slots per arena: a worker has at most `prefetch_factor` (2) batches in the queue, one being
@@ -63,6 +73,8 @@ pub struct Arena {
     pid: u32,
     fd_number: i32,
     inode: u64,
+    /// Whether `take` has said (once) that every slot was held.
+    exhausted: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping is owned by the `Arena` and unmapped only in its `Drop`, after every
@@ -82,8 +94,27 @@ impl Drop for Arena {
     }
 }
 
+/// The header's length, a whole number of pages (`slots` ≤ [`SLOTS`]).
 fn header_len(slots: usize) -> usize {
-    (HEADER_FIXED + 4 * slots).div_ceil(PAGE) * PAGE
+    (HEADER_FIXED + SLOT_META * slots).div_ceil(PAGE) * PAGE
+}
+
+/// The counters of one slot, in the header every mapping process shares.
+struct SlotMeta<'a> {
+    /// This process's buffers over the slot, the other processes' ones, and sent copies not
+    /// yet received; the slot is free at 0.
+    holders: &'a AtomicU32,
+    /// Copies sent and not yet attached by a receiver.
+    unclaimed: &'a AtomicU32,
+    /// Bumped each time the slot is taken, so an address of an earlier use is refused.
+    generation: &'a AtomicU32,
+}
+
+/// Subtracts 1 unless at 0; false when it was 0.
+fn release(count: &AtomicU32) -> bool {
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 impl Arena {
@@ -94,7 +125,9 @@ impl Arena {
         let len = header_len(slots) + slots * slot_bytes;
         let name = CString::new("shardstream-batches").map_err(io::Error::other)?;
         // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -104,8 +137,14 @@ impl Arena {
         file.set_len(len as u64)?;
         let inode = file.metadata()?.ino();
         let fd = OwnedFd::from(file);
+        // A receiver maps the whole length: nobody may shrink the file under its mapping.
+        // SAFETY: fcntl on a descriptor this function owns; the result is checked.
+        let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, ARENA_SEALS) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
         let base = map(&fd, len)?;
-        let token = random_token();
+        let token = random_token()?;
         let arena = Arena {
             base,
             len,
@@ -116,6 +155,7 @@ impl Arena {
             _open: fd,
             inode,
             pid: std::process::id(),
+            exhausted: Default::default(),
         };
         // SAFETY: the header lies inside the fresh mapping (len > HEADER_FIXED) and is aligned
         // (the mapping is page-aligned); nothing else sees the arena yet.
@@ -145,6 +185,13 @@ impl Arena {
         if len < HEADER_FIXED {
             return Err(io::Error::other(format!("{path}: arena header cut short")));
         }
+        // SAFETY: fcntl on a descriptor this function owns; the result is checked.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & ARENA_SEALS != ARENA_SEALS {
+            return Err(io::Error::other(format!(
+                "{path} is not sealed as a batch arena"
+            )));
+        }
         let fd = OwnedFd::from(file);
         let base = map(&fd, len)?;
         // SAFETY: `base` maps at least HEADER_FIXED bytes, page-aligned.
@@ -167,11 +214,15 @@ impl Arena {
             fd_number: fd_in_maker,
             inode,
             pid,
+            exhausted: Default::default(),
         };
-        let fits = slots
-            .checked_mul(slot_bytes)
-            .and_then(|d| d.checked_add(header_len(slots)))
-            .is_some_and(|need| need <= len);
+        let fits = (1..=SLOTS).contains(&slots)
+            && slot_bytes > 0
+            && slot_bytes % PAGE == 0
+            && slots
+                .checked_mul(slot_bytes)
+                .and_then(|d| d.checked_add(header_len(slots)))
+                .is_some_and(|need| need <= len);
         if magic != MAGIC || tok != token || !fits {
             return Err(io::Error::other(format!(
                 "{path} is not the batch arena the message named"
@@ -180,12 +231,23 @@ impl Arena {
         Ok(Arc::new(arena))
     }
 
-    /// The holder count of `slot` (`slot < self.slots`).
-    fn holders(&self, slot: usize) -> &AtomicU32 {
+    /// The counters of `slot` (`slot < self.slots`).
+    fn meta(&self, slot: usize) -> SlotMeta<'_> {
         debug_assert!(slot < self.slots);
-        // SAFETY: the count array lies inside the header of the mapping, 4-byte aligned, and is
-        // only ever accessed atomically, by every process that maps the arena.
-        unsafe { &*self.base.add(HEADER_FIXED + 4 * slot).cast::<AtomicU32>() }
+        // SAFETY: the counters lie inside the header of the mapping (header_len covers
+        // SLOT_META bytes per slot), 4-byte aligned, and every process that maps the arena only
+        // ever accesses them atomically.
+        let at = |k: usize| unsafe {
+            &*self
+                .base
+                .add(HEADER_FIXED + SLOT_META * slot + 4 * k)
+                .cast::<AtomicU32>()
+        };
+        SlotMeta {
+            holders: at(0),
+            unclaimed: at(1),
+            generation: at(2),
+        }
     }
 
     fn slot_ptr(&self, slot: usize) -> *mut u8 {
@@ -199,17 +261,29 @@ impl Arena {
     /// A free slot to write a batch column into, held by the caller; `None` when every slot is
     /// held.
     pub fn take(self: &Arc<Self>) -> Option<SlotWriter> {
-        (0..self.slots).find_map(|slot| {
-            self.holders(slot)
+        let taken = (0..self.slots).find_map(|slot| {
+            let meta = self.meta(slot);
+            meta.holders
                 .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .ok()
-                .map(|_| SlotWriter {
-                    arena: Arc::clone(self),
-                    slot,
-                    len: 0,
-                    holder: std::process::id(),
-                })
-        })
+                .ok()?;
+            // Only the holder of a free slot writes these.
+            meta.unclaimed.store(0, Ordering::Relaxed);
+            meta.generation.fetch_add(1, Ordering::Release);
+            Some(SlotWriter {
+                arena: Arc::clone(self),
+                slot,
+                len: 0,
+                holder: std::process::id(),
+            })
+        });
+        if taken.is_none() && !self.exhausted.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                slots = self.slots,
+                "every slot of this worker's batch arena is held (batches kept, or sent and \
+                 never received); batches travel as bytes until one is free"
+            );
+        }
+        taken
     }
 }
 
@@ -232,11 +306,16 @@ fn map(fd: &OwnedFd, len: usize) -> io::Result<*mut u8> {
     Ok(p.cast())
 }
 
-fn random_token() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
+/// 64 random bits from the kernel. Not `RandomState`: its keys are drawn once per process and
+/// a forked worker inherits them, so its hash of its pid would be the same in every fork.
+fn random_token() -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: getrandom writes at most `buf.len()` bytes into `buf`; the count is checked.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n != buf.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(buf))
 }
 
 /// A slot being filled by this process (holder count 1).
@@ -291,7 +370,7 @@ impl SlotWriter {
 impl Drop for SlotWriter {
     fn drop(&mut self) {
         if self.holder == std::process::id() {
-            self.arena.holders(self.slot).store(0, Ordering::Release);
+            release(self.arena.meta(self.slot).holders);
         }
     }
 }
@@ -317,33 +396,57 @@ impl AsRef<[u8]> for SlotBytes {
 
 impl Drop for SlotBytes {
     fn drop(&mut self) {
-        if self.holder == std::process::id() {
-            self.arena
-                .holders(self.slot)
-                .fetch_sub(1, Ordering::Release);
+        if self.holder == std::process::id() && !release(self.arena.meta(self.slot).holders) {
+            tracing::warn!(
+                slot = self.slot,
+                "a batch arena slot was released more often than it was held"
+            );
         }
     }
 }
 
-/// What a pickled slot says: enough for another process to find and check it.
-pub type SlotAddress = (u32, i32, u64, u64, usize, usize);
+/// What a pickled slot says: enough for another process to find and check it:
+/// `(pid, fd, inode, token, slot, generation, len)`.
+pub type SlotAddress = (u32, i32, u64, u64, usize, u32, usize);
 
 impl SlotBytes {
-    /// Adds a holder for a copy that is about to be sent, and says where it is:
-    /// `(pid, fd, inode, token, slot, len)`.
+    /// Counts a copy that is about to be sent (a holder, unclaimed until a receiver attaches
+    /// it), and says where it is.
     pub fn share(&self) -> SlotAddress {
         let a = &self.arena;
-        a.holders(self.slot).fetch_add(1, Ordering::Acquire);
-        (a.pid, a.fd_number, a.inode, a.token, self.slot, self.len)
+        let meta = a.meta(self.slot);
+        meta.holders.fetch_add(1, Ordering::AcqRel);
+        meta.unclaimed.fetch_add(1, Ordering::AcqRel);
+        let generation = meta.generation.load(Ordering::Acquire);
+        (
+            a.pid,
+            a.fd_number,
+            a.inode,
+            a.token,
+            self.slot,
+            generation,
+            self.len,
+        )
     }
 
-    /// The bytes of a slot another process shared (its holder is now this view's).
+    /// The bytes of a slot another process shared; the sent copy's hold becomes this view's.
+    /// Refused when the address is not a sent copy still unclaimed (already received, or the
+    /// slot since reused).
     pub fn attach(address: SlotAddress) -> io::Result<SlotBytes> {
-        let (pid, fd, inode, token, slot, len) = address;
+        let (pid, fd, inode, token, slot, generation, len) = address;
         let arena = attached(pid, fd, inode, token)?;
         if slot >= arena.slots || len > arena.slot_bytes {
             return Err(io::Error::other(format!(
                 "slot {slot} ({len} bytes) is outside worker {pid}'s batch arena"
+            )));
+        }
+        let meta = arena.meta(slot);
+        // The unclaimed copy holds the slot, so its generation cannot change between the
+        // check and the claim unless the address was never (or is no longer) a sent copy.
+        if meta.generation.load(Ordering::Acquire) != generation || !release(meta.unclaimed) {
+            return Err(io::Error::other(format!(
+                "slot {slot} of worker {pid}'s batch arena was already received, or reused \
+                 since (a message unpickled twice?)"
             )));
         }
         Ok(SlotBytes {
@@ -356,34 +459,31 @@ impl SlotBytes {
 }
 
 /// Other processes' arenas mapped here, by (pid, token).
-type Attached = HashMap<(u32, u64), Arc<Arena>>;
+type Attached = HashMap<(u32, u64), Weak<Arena>>;
 
-/// This process's mapping of another process's arena. Mappings stay while their worker lives
-/// (a consumer that drops each batch before the next would otherwise map and unmap an arena
-/// per batch); one whose worker has exited is unmapped, when another arena is first mapped,
-/// once no batch here uses it.
+/// This process's mapping of another process's arena: one per arena while any batch here
+/// uses it, unmapped when the last one is dropped (so a finished loader's arenas do not stay
+/// mapped). The lock is not held while mapping: a fork while another thread maps would leave
+/// the child's copy locked.
 fn attached(pid: u32, fd: i32, inode: u64, token: u64) -> io::Result<Arc<Arena>> {
     static MAPPED: OnceLock<Mutex<Attached>> = OnceLock::new();
-    let mut mapped = MAPPED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(a) = mapped.get(&(pid, token)) {
-        return Ok(Arc::clone(a));
-    }
-    mapped.retain(|&(pid, _), a| Arc::strong_count(a) > 1 || process_exists(pid));
-    let a = Arena::attach(pid, fd, inode, token)?;
-    mapped.insert((pid, token), Arc::clone(&a));
-    Ok(a)
-}
-
-fn process_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
+    let lock = || {
+        MAPPED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     };
-    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    if let Some(a) = lock().get(&(pid, token)).and_then(Weak::upgrade) {
+        return Ok(a);
+    }
+    let fresh = Arena::attach(pid, fd, inode, token)?;
+    let mut mapped = lock();
+    if let Some(a) = mapped.get(&(pid, token)).and_then(Weak::upgrade) {
+        return Ok(a); // another thread mapped it meanwhile; `fresh` is unmapped
+    }
+    mapped.retain(|_, w| w.strong_count() > 0);
+    mapped.insert((pid, token), Arc::downgrade(&fresh));
+    Ok(fresh)
 }
 
 /// This process's arena for batches of up to `slot_bytes` per column, made on first use

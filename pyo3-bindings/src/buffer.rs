@@ -187,8 +187,9 @@ impl Buffer {
     }
 
     /// For the reducer a DataLoader worker registers with `ForkingPickler`: the address of the
-    /// arena slot the bytes lie in, `(pid, fd, inode, token, slot, len)`, counting the copy
-    /// about to be sent as a holder of the slot; `None` for a buffer outside an arena (or a
+    /// arena slot the bytes lie in, `(pid, fd, inode, token, slot, generation, len)`, counting
+    /// the copy about to be sent as a holder of the slot until a receiver attaches it (an
+    /// address never attached keeps its slot held); `None` for a buffer outside an arena (or a
     /// slice of one), which is sent as `bytes`.
     fn _share(&self) -> Option<SlotAddress> {
         let slot = self.slot.as_ref()?;

@@ -124,7 +124,7 @@ def test_plain_pickle_in_a_worker_copies(wide, stream_env):
 
 def test_an_address_that_cannot_be_mapped_is_a_clear_error():
     with pytest.raises(shardstream.ShardstreamError, match=r"/proc/\d+/fd/\d+.*SHARDSTREAM_WORKER_SHM=0"):
-        shardstream._native._attach_buffer((os.getpid(), 987654, 1, 2, 0, 16))
+        shardstream._native._attach_buffer((os.getpid(), 987654, 1, 2, 0, 1, 16))
 
 
 def test_a_forked_child_dropping_inherited_batches_frees_nothing(wide, stream_env):
@@ -149,3 +149,47 @@ def test_a_forked_child_dropping_inherited_batches_frees_nothing(wide, stream_en
             check_batch(batch)
     for batch in kept:
         check_batch(batch)
+
+
+class Payloads(IterableDataset):
+    """Yields, from the worker, the very bytes a DataLoader queue would carry for each batch's
+    shared column (ForkingPickler with the worker's reducer), and what they must unpickle to."""
+
+    def __init__(self, batches) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        for batch in self.batches:
+            data = batch["pad"].data
+            yield bytes(ForkingPickler.dumps(data)), bytes(data)
+
+
+def test_a_message_unpickled_twice_is_refused_not_released_twice(wide, stream_env):
+    ds = shardstream.StreamingDataset(local=str(wide), batch_size=BATCH)
+    dl = DataLoader(Payloads(ds.iter_batches(BATCH)), batch_size=None, num_workers=1,
+                    multiprocessing_context="fork", persistent_workers=True)
+    got = []
+    for payload, expected in dl:
+        first = pickle.loads(payload)
+        assert type(first) is shardstream.Buffer and first == expected
+        with pytest.raises(shardstream.ShardstreamError, match="already received"):
+            pickle.loads(payload)
+        got.append((first, expected))
+    # Kept while the worker gathers the rest: none changed under a second release.
+    assert got and all(buf == expected for buf, expected in got)
+
+
+def _arena_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("shardstream-batches" in line for line in f)
+
+
+def test_the_main_process_unmaps_an_arena_once_its_batches_are_dropped(wide, stream_env):
+    ds = shardstream.StreamingDataset(local=str(wide), batch_size=BATCH)
+    kept = [batch for batch in loader(ds)]
+    assert _arena_mappings() >= 1  # the kept batches' arenas (the workers have exited)
+    del kept
+    gc.collect()
+    assert _arena_mappings() == 0
