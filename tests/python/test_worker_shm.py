@@ -3,11 +3,13 @@
 In a worker, `iter_batches` lays each variable column of at least 64 KiB into a slot of the
 worker's arena, and the DataLoader's queue carries the slot's address instead of its bytes. The
 main process gets a `shardstream.Buffer` over the same pages. These tests check what a user
-relies on: every sample arrives intact, under fork and spawn; batches the training process keeps
-never change, however many it keeps and after the workers have exited; slots come back when
-batches are dropped (a persistent worker keeps sharing, epoch after epoch); plain `pickle` still
-copies; `SHARDSTREAM_WORKER_SHM=0` turns it off; and an address that cannot be mapped is an error
-that says so."""
+relies on: every sample arrives intact, under fork, spawn and forkserver (with `pin_memory`);
+batches the training process keeps never change, however many it keeps, after the workers have
+exited, and when a forked child drops its copies; slots come back when batches are dropped (a
+persistent worker keeps sharing, epoch after epoch); plain `pickle` still copies; a message
+unpickled twice is refused; the main process unmaps an arena with its last batch;
+`SHARDSTREAM_WORKER_SHM=0` turns it off; and an address that cannot be mapped is an error that
+says so."""
 
 from __future__ import annotations
 
@@ -49,11 +51,13 @@ def loader(ds, ctx="fork", **kw):
                       multiprocessing_context=ctx, **kw)
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
 def test_batches_arrive_as_shared_buffers_and_intact(wide, stream_env, ctx):
     ds = shardstream.StreamingDataset(local=str(wide), shuffle=True, shuffle_seed=3, batch_size=BATCH)
     ids, kinds = [], set()
-    for batch in loader(ds, ctx):
+    # pin_memory: the main process's pinning thread receives the batches (and leaves the
+    # Buffers as they are).
+    for batch in loader(ds, ctx, pin_memory=True):
         kinds.add(type(batch["pad"].data))
         ids.extend(check_batch(batch))
     assert sorted(ids) == list(range(N))
