@@ -269,12 +269,12 @@ impl Arena {
             // Only the holder of a free slot writes these.
             meta.unclaimed.store(0, Ordering::Relaxed);
             meta.generation.fetch_add(1, Ordering::Release);
-            Some(SlotWriter {
+            Some(SlotWriter(SlotBytes {
                 arena: Arc::clone(self),
                 slot,
                 len: 0,
                 holder: std::process::id(),
-            })
+            }))
         });
         if taken.is_none() && !self.exhausted.swap(true, Ordering::Relaxed) {
             tracing::info!(
@@ -318,19 +318,15 @@ fn random_token() -> io::Result<u64> {
     Ok(u64::from_ne_bytes(buf))
 }
 
-/// A slot being filled by this process (holder count 1).
-pub struct SlotWriter {
-    arena: Arc<Arena>,
-    slot: usize,
-    len: usize,
-    /// The process that holds the slot; a copy inherited through `fork` holds nothing.
-    holder: u32,
-}
+/// A slot being filled by this process (holder count 1): the view it becomes, still growing.
+/// Dropped unfinished, it gives the slot back like any view.
+pub struct SlotWriter(SlotBytes);
 
 impl SlotWriter {
     /// Appends `value`; `false` (and nothing written) when the slot has no room for it.
     pub fn push(&mut self, value: &[u8]) -> bool {
-        if value.len() > self.arena.slot_bytes - self.len {
+        let w = &mut self.0;
+        if value.len() > w.arena.slot_bytes - w.len {
             return false;
         }
         // SAFETY: the range lies inside this slot (checked above), which only this writer
@@ -338,40 +334,23 @@ impl SlotWriter {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 value.as_ptr(),
-                self.arena.slot_ptr(self.slot).add(self.len),
+                w.arena.slot_ptr(w.slot).add(w.len),
                 value.len(),
             );
         }
-        self.len += value.len();
+        w.len += value.len();
         true
     }
 
     /// What was written so far.
     pub fn written(&self) -> &[u8] {
-        // SAFETY: the first `len` bytes of the held slot, written by `push`.
-        unsafe { std::slice::from_raw_parts(self.arena.slot_ptr(self.slot), self.len) }
+        self.0.as_ref()
     }
 
     /// The written bytes, read-only from now on; the slot is freed when the last holder
     /// (this one and any process it was sent to) lets go.
     pub fn finish(self) -> SlotBytes {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: moved out of a value that is never dropped (ManuallyDrop).
-        let arena = unsafe { std::ptr::read(&this.arena) };
-        SlotBytes {
-            arena,
-            slot: this.slot,
-            len: this.len,
-            holder: this.holder,
-        }
-    }
-}
-
-impl Drop for SlotWriter {
-    fn drop(&mut self) {
-        if self.holder == std::process::id() {
-            release(self.arena.meta(self.slot).holders);
-        }
+        self.0
     }
 }
 
@@ -388,8 +367,9 @@ pub struct SlotBytes {
 
 impl AsRef<[u8]> for SlotBytes {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: the slot is held (count ≥ 1 including this holder), so no process writes it
-        // until this view is dropped; `len` was checked against the slot size.
+        // SAFETY: the slot is held (count ≥ 1 including this holder), so no other process
+        // writes it until this view is dropped (a `SlotWriter` writes only past `len`); `len`
+        // is within the slot (checked on attach, by `push` while writing).
         unsafe { std::slice::from_raw_parts(self.arena.slot_ptr(self.slot), self.len) }
     }
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("shardstream")
 _logged: set = set()
@@ -60,12 +61,21 @@ def _process_rank() -> tuple[int, int, str]:
     return rank, world, "RANK/WORLD_SIZE"
 
 
-def _worker() -> tuple[int, int]:
+def _worker_info() -> Any:
+    """torch's DataLoader worker info, or None outside a worker (or without torch)."""
     try:
         from torch.utils.data import get_worker_info
     except ImportError:
-        return 1, 0
-    info = get_worker_info()
+        return None
+    return get_worker_info()
+
+
+def in_dataloader_worker() -> bool:
+    return _worker_info() is not None
+
+
+def _worker() -> tuple[int, int]:
+    info = _worker_info()
     if info is None:
         return 1, 0
     return info.num_workers, info.id

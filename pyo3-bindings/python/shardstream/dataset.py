@@ -17,7 +17,7 @@ import numpy as np
 from shardstream import _native
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes
-from shardstream._world import Placement, placement
+from shardstream._world import Placement, in_dataloader_worker, placement
 from shardstream.streams import Stream
 
 try:  # torch is optional: without it the dataset is a plain iterable.
@@ -422,7 +422,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         stream, _ = self._stream(batch_size, raw=True)
         # In a DataLoader worker, variable columns cross to the main process through shared
         # memory (see `_reduce_buffer`).
-        shared = _worker_info_present() and _worker_shm_enabled()
+        shared = in_dataloader_worker() and _worker_shm_enabled()
         if shared:
             _share_buffers_in_this_worker()
         try:
@@ -444,14 +444,6 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             stream.close()
 
 
-def _worker_info_present() -> bool:
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
-        return False
-    return get_worker_info() is not None
-
-
 def _worker_shm_enabled() -> bool:
     return os.environ.get("SHARDSTREAM_WORKER_SHM", "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -466,19 +458,12 @@ def _reduce_buffer(buf: Buffer) -> tuple:
     return (_native._attach_buffer, (address,))
 
 
-_SHARING = False
-
-
 def _share_buffers_in_this_worker() -> None:
     """Registers `_reduce_buffer` with multiprocessing's pickler (what a DataLoader's queues
-    use), once per process; plain `pickle` still gives `bytes`."""
-    global _SHARING
-    if _SHARING:
-        return
+    use; registering again only sets the same entry); plain `pickle` still gives `bytes`."""
     from multiprocessing.reduction import ForkingPickler
 
     ForkingPickler.register(Buffer, _reduce_buffer)
-    _SHARING = True
 
 
 class ColumnBatches(_Base):  # type: ignore[misc,valid-type]
