@@ -23,7 +23,7 @@ use shardstream_streamer::order::{
     EpochOrder, OrderConfig, Rank, Remainder, StreamState, Weight, World,
 };
 use shardstream_streamer::{
-    RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
+    Prefetch, RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
 };
 
 use crate::arena::{self, SlotBytes, SlotWriter};
@@ -383,6 +383,50 @@ impl NativeDataset {
         Ok(d)
     }
 
+    /// Starts downloading, in the background of this process, the first shards (at most
+    /// `max_shards`) of one process's part of an epoch, in the order the part needs them
+    /// (`StreamingDataset::prefetch`). Returns at once.
+    #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
+        processes_per_node, node, local_process, start, max_shards, ramp=true, sample_ramp=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        seed: u64,
+        shuffle: bool,
+        window: u32,
+        lanes: u32,
+        remainder: &str,
+        epoch: u64,
+        nodes: u32,
+        processes_per_node: u32,
+        node: u32,
+        local_process: u32,
+        start: u64,
+        max_shards: usize,
+        ramp: bool,
+        sample_ramp: bool,
+    ) -> PyResult<NativePrefetch> {
+        // One process's part: its DataLoader workers split it by batch, and together need the
+        // same shards first, whatever the batch size.
+        let plan = StreamPlan {
+            order: order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?,
+            epoch,
+            world: World::new(nodes, processes_per_node, 1, 1).map_err(from_streamer)?,
+            rank: Rank {
+                node,
+                local_process,
+                worker: 0,
+            },
+            start,
+        };
+        let ds = Arc::clone(&self.ds);
+        // Opening the cache folder may wait for another process's recovery of it.
+        let prefetch =
+            interruptible(py, move || ds.prefetch(plan, max_shards))?.map_err(from_streamer)?;
+        Ok(NativePrefetch { prefetch })
+    }
+
     /// Streams one rank's part of an epoch. `raw=True` yields column batches for
     /// `NativeStream.next_columns` instead of decoded samples.
     #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
@@ -505,6 +549,60 @@ impl NativeDataset {
     ) -> PyResult<EpochOrder> {
         py.detach(|| EpochOrder::new(self.ds.shape(), config, epoch))
             .map_err(from_streamer)
+    }
+}
+
+/// A background prefetch (`NativeDataset.prefetch`). Dropping it starts no further download.
+#[pyclass(module = "shardstream._native", frozen)]
+pub struct NativePrefetch {
+    prefetch: Prefetch,
+}
+
+#[pymethods]
+impl NativePrefetch {
+    /// Starts no further download; those under way finish in the background.
+    fn cancel(&self) {
+        self.prefetch.cancel();
+    }
+
+    /// Whether every download it started has ended.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.prefetch.is_finished()
+    }
+
+    /// The shards it chose, in the order it downloads them.
+    #[getter]
+    fn shards(&self) -> Vec<usize> {
+        self.prefetch.shards().to_vec()
+    }
+
+    /// `{"planned", "ready", "failed"}`: shards chosen, complete in the cache, failed.
+    fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.prefetch.report();
+        let d = PyDict::new(py);
+        d.set_item("planned", r.planned)?;
+        d.set_item("ready", r.ready)?;
+        d.set_item("failed", r.failed)?;
+        Ok(d)
+    }
+
+    /// Waits until every download it started has ended (at most `timeout` seconds); returns
+    /// whether they had. Ctrl-C interrupts it.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline =
+            timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        loop {
+            if self.prefetch.is_finished() {
+                return Ok(true);
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(false);
+            }
+            py.detach(|| std::thread::sleep(Duration::from_millis(5)));
+            py.check_signals()?;
+        }
     }
 }
 
@@ -967,5 +1065,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     register_fork_handlers();
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
+    m.add_class::<NativePrefetch>()?;
     Ok(())
 }

@@ -50,7 +50,7 @@ pub mod order;
 pub mod runtime;
 
 pub use dataset::{
-    MetricsSnapshot, RawSample, SampleStream, ShardHandle, StreamPlan, StreamSpec, StreamedSample,
-    StreamingConfig, StreamingDataset,
+    MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleStream, ShardHandle, StreamPlan,
+    StreamSpec, StreamedSample, StreamingConfig, StreamingDataset,
 };
 pub use error::{Result, StreamerError};

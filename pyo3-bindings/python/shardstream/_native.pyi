@@ -109,6 +109,34 @@ class NativeDataset:
         sample_ramp: bool = ...,
     ) -> NativeStream: ...
 
+    def prefetch(
+        self,
+        *,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        lanes: int,
+        remainder: str,
+        epoch: int,
+        nodes: int,
+        processes_per_node: int,
+        node: int,
+        local_process: int,
+        start: int,
+        max_shards: int,
+        ramp: bool = ...,
+        sample_ramp: bool = ...,
+    ) -> NativePrefetch: ...
+
+class NativePrefetch:
+    def cancel(self) -> None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def shards(self) -> list[int]: ...
+    def report(self) -> dict[str, int]: ...
+    def wait(self, timeout: float | None = ...) -> bool: ...
+
 class NativeStream:
     def next_samples(self, n: int) -> list[dict[str, Any]]: ...
     def next_columns(

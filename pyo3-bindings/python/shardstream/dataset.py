@@ -123,6 +123,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         run_id: str | None = None,
         node_rank: int | None = None,
         zero_copy: bool = False,
+        prefetch_on_init: bool = True,
         **kwargs: Any,
     ) -> None:
         unknown = set(kwargs) - _IGNORED_MOSAIC_ARGS
@@ -187,7 +188,10 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._resume_start = 0  # positions of self._epoch consumed before this run
         self._yielded = 0  # samples this process (or worker) yielded in the current iteration
         self._worker_skip = 0  # batches this DataLoader worker had yielded (StatefulDataLoader)
+        self._prefetch: _native.NativePrefetch | None = None
         self._native()  # open now: a bad URL or index fails here, not in a worker
+        if prefetch_on_init:
+            self._start_prefetch()
 
     # -- native handle --------------------------------------------------------------------
 
@@ -199,7 +203,46 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_native_ds"] = None  # reopened in the child (spawn); the engine is per process
+        state["_prefetch"] = None  # the parent's downloads; the child finds them in the cache
         return state
+
+    # -- prefetch at construction -----------------------------------------------------------
+
+    def _start_prefetch(self) -> None:
+        """Starts downloading, in this process's background, the first shards of this process's
+        part of the next iteration (the first shuffle window of it), so that the DataLoader
+        workers forked or spawned later find them in the node's cache or join them as they
+        arrive (docs/python.md, "Prefetch at construction"). Replaces an earlier one."""
+        self._stop_prefetch()
+        p = placement()
+        # Lanes and window are fixed at the first iteration, as before: not here.
+        lanes, window = self._lanes, self._window
+        order = self._order(p)
+        self._lanes, self._window = lanes, window
+        self._prefetch = self._native().prefetch(
+            epoch=self._epoch,
+            nodes=p.nodes,
+            processes_per_node=p.processes_per_node,
+            node=p.node,
+            local_process=p.local_process,
+            start=self._resume_start,
+            max_shards=max(1, order["window"]),
+            **order,
+        )
+        self._prefetch_pid = os.getpid()
+
+    def _stop_prefetch(self) -> None:
+        """Starts no further prefetch download (those under way finish). In a forked DataLoader
+        worker the handle is the parent's: dropping it there touches nothing."""
+        prefetch, self._prefetch = getattr(self, "_prefetch", None), None
+        if prefetch is not None and getattr(self, "_prefetch_pid", None) == os.getpid():
+            prefetch.cancel()
+
+    def _retarget_prefetch(self) -> None:
+        """After the epoch or the start position changed: prefetch for the new one instead, if
+        this process was prefetching."""
+        if getattr(self, "_prefetch", None) is not None and getattr(self, "_prefetch_pid", None) == os.getpid():
+            self._start_prefetch()
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -280,10 +323,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next iteration streams (each epoch has its own shuffle). Call
         it before every epoch when the DataLoader has workers, as with `DistributedSampler`."""
-        if epoch != self._epoch:
+        changed = epoch != self._epoch
+        if changed:
             self._resume_start = 0
         self._epoch = int(epoch)
         self._yielded = 0
+        if changed:
+            self._retarget_prefetch()
 
     @property
     def epoch(self) -> int:
@@ -359,10 +405,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._epoch = epoch
         self._resume_start = consumed
         self._yielded = 0
+        self._retarget_prefetch()
 
     # -- iteration ------------------------------------------------------------------------
 
     def _stream(self, batch_size: int, raw: bool):
+        # The stream takes over: it joins the prefetch's downloads and fetches the rest.
+        self._stop_prefetch()
         p = placement()
         start, worker = self._resume_start, p.worker
         if self._worker_skip:

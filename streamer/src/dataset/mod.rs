@@ -35,6 +35,7 @@ mod engine;
 mod fetch;
 mod growing;
 mod metrics;
+mod prefetch;
 mod shard;
 mod stream;
 
@@ -63,6 +64,7 @@ use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 pub(crate) use engine::hold_proc_slots;
 pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
+pub use prefetch::{Prefetch, PrefetchReport};
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{SampleStream, StreamPlan, StreamedSample, RUN_BYTES};
 
@@ -426,6 +428,23 @@ impl StreamingDataset {
     /// A prefetching iterator over one rank's part of an epoch.
     pub fn stream(&self, plan: StreamPlan) -> Result<SampleStream> {
         SampleStream::new(Arc::clone(&self.inner), self.proc()?, plan)
+    }
+
+    /// Starts downloading, in the background of this process, the shards that the first
+    /// samples of `plan`'s part need, in the order it needs them: at most `max_shards`, and
+    /// within the disk allowance a stream prefetches in (`cache_limit / 2`, at least one shard).
+    /// Whatever streams that part later (this process, or DataLoader workers forked or spawned
+    /// after this call) finds them in the node's cache or joins them as they arrive. Returns at
+    /// once; a plan with nothing to download (a cache-free local dataset) starts no thread.
+    /// See the `prefetch` module for the details.
+    pub fn prefetch(&self, plan: StreamPlan, max_shards: usize) -> Result<Prefetch> {
+        let allowance = (self.inner.cache_config.limit_bytes / 2).max(self.inner.max_shard_bytes);
+        let shards = prefetch::shards_for(&self.inner, &plan, max_shards, allowance)?;
+        if shards.is_empty() {
+            return Ok(prefetch::nothing());
+        }
+        let ps = self.proc()?;
+        Ok(prefetch::start(Arc::clone(&self.inner), ps, shards))
     }
 
     /// Sets the retry window ([`StreamingConfig::retry_window`]) for fetches started from now

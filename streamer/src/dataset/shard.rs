@@ -231,6 +231,15 @@ impl ShardHandle {
         }
     }
 
+    /// Waits until the shard is complete and committed to the cache (at once for a complete
+    /// shard). Errors if its download failed.
+    pub(crate) async fn complete(&self) -> Result<()> {
+        match &self.inner.growing {
+            Some(g) => g.wait(u64::MAX).await.map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// Whether every byte of the shard is on disk (false while it downloads).
     pub fn is_complete(&self) -> bool {
         self.inner.growing.as_ref().is_none_or(Growing::is_done)

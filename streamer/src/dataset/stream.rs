@@ -46,7 +46,7 @@ pub const RUN_BYTES: u64 = 1 << 20;
 /// Most shard fetches one stream starts ahead at once (each streams its shard in as few GETs
 /// as `fetch::PART_BYTES` allows, so this is most of the stream's parallelism; the memory
 /// budget and the disk allowance bound it further).
-const MAX_FETCHES: usize = 8;
+pub(crate) const MAX_FETCHES: usize = 8;
 /// Most bytes of whole small shards a shuffled stream keeps in memory (see the module doc).
 pub const WHOLE_SHARDS_MAX: u64 = 16 << 20;
 /// Above a shard's bytes, what a decoder may take from the budget at once (its input and copy

@@ -1,0 +1,230 @@
+//! Warming the node cache for a stream that has not started yet.
+//!
+//! [`StreamingDataset::prefetch`](super::StreamingDataset::prefetch) downloads, in the
+//! background of the calling process, the shards the first samples of one process's part of an
+//! epoch come from, in the order that part needs them. It reads no sample and yields nothing:
+//! the shards land in the node's cache, where whichever process streams that part finds them
+//! (a hit), or joins them while they still arrive (`docs/cache.md`, "Joining a download in
+//! progress").
+//!
+//! Why: a training script builds its dataset long before its DataLoader workers exist, and on
+//! a cold cache each worker's first act is to download the same first shards. The binding starts
+//! this at dataset construction, so the time the script spends building the model, and the
+//! DataLoader spends forking its workers, is spent downloading too.
+//!
+//! It holds at most [`MAX_FETCHES`] downloads at once (the stream's own limit), each until its
+//! shard is committed, so the first shard needed is the first one complete; the very first
+//! runs alone, as a stream's does, because the first sample waits for it. It stops after
+//! `max_shards` shards or the stream's disk allowance (`cache_limit / 2`, at least one shard),
+//! whichever comes first. Shards read in place are skipped; a plan with nothing to download
+//! starts no thread at all. Cancelling (or dropping the handle) starts no further download;
+//! the ones under way finish, since the part they belong to needs them.
+//!
+//! A failed download is logged, not returned: the stream that needs the shard fetches it again
+//! and reports the error where the samples are wanted.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::engine::{self, ProcState};
+use super::stream::{StreamPlan, MAX_FETCHES};
+use super::Inner;
+use crate::error::{Result, StreamerError};
+use crate::order::EpochOrder;
+
+/// What a finished (or cancelled) prefetch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefetchReport {
+    /// Shards the plan chose (the first ones its part needs, within the limits).
+    pub planned: u64,
+    /// Shards now complete in the cache (fetched, joined, or already there).
+    pub ready: u64,
+    /// Shards whose download failed (logged; the stream fetches them again).
+    pub failed: u64,
+}
+
+/// A prefetch under way in this process. Dropping it cancels what has not started yet.
+#[derive(Debug)]
+pub struct Prefetch {
+    shards: Vec<usize>,
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<()>>,
+    pid: u32,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    cancelled: AtomicBool,
+    planned: AtomicU64,
+    ready: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Shared {
+    fn report(&self) -> PrefetchReport {
+        PrefetchReport {
+            planned: self.planned.load(Ordering::Relaxed),
+            ready: self.ready.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Prefetch {
+    /// Starts no further download; those under way finish in the background.
+    pub fn cancel(&self) {
+        self.shared.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether every planned download has ended (or none was needed).
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// The shards it chose, in the order it downloads them.
+    pub fn shards(&self) -> &[usize] {
+        &self.shards
+    }
+
+    /// What it has done so far.
+    pub fn report(&self) -> PrefetchReport {
+        self.shared.report()
+    }
+
+    /// Waits (from a plain thread) until every download it started has ended.
+    pub fn wait(&mut self) -> Result<PrefetchReport> {
+        if let Some(task) = self.task.take() {
+            if self.pid != std::process::id() {
+                return Err(StreamerError::Engine(
+                    "this prefetch was started in another process (before a fork)".into(),
+                ));
+            }
+            futures::executor::block_on(task)
+                .map_err(|e| StreamerError::Engine(format!("prefetch task failed: {e}")))?;
+        }
+        Ok(self.shared.report())
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // Inherited through fork: the task belongs to the parent's runtime, whose threads
+            // this process does not have. Touch nothing of it.
+            std::mem::forget(self.task.take());
+            return;
+        }
+        self.cancel();
+    }
+}
+
+/// The shards to prefetch for `plan`, in the order its part first needs them: at most
+/// `max_shards`, within `allowance` bytes of cache (always at least one), skipping shards read
+/// in place. Asks the order for growing ranges of the part, so a large epoch costs only the
+/// blocks the answer comes from.
+pub(crate) fn shards_for(
+    ds: &Inner,
+    plan: &StreamPlan,
+    max_shards: usize,
+    allowance: u64,
+) -> Result<Vec<usize>> {
+    plan.order.validate()?;
+    let order = EpochOrder::new(&ds.shape, &plan.order, plan.epoch)?;
+    let partition = order.partition(plan.world, plan.start);
+    let len = partition.worker_len(plan.rank.worker);
+    let mut items = 1024u64.min(len);
+    loop {
+        let needs = order.shards_needed(&partition, plan.rank, 0..items)?;
+        let mut chosen = Vec::new();
+        let mut bytes = 0u64;
+        let mut full = false;
+        for need in &needs {
+            let shard = need.shard as usize;
+            let cost = ds.shards.get(shard).map_or(0, |s| s.cache_bytes);
+            if cost == 0 {
+                continue;
+            }
+            if chosen.len() >= max_shards || (!chosen.is_empty() && bytes + cost > allowance) {
+                full = true;
+                break;
+            }
+            bytes += cost;
+            chosen.push(shard);
+        }
+        if full || items >= len {
+            return Ok(chosen);
+        }
+        items = items.saturating_mul(4).min(len);
+    }
+}
+
+/// Starts the downloads of `shards` on `ps`'s runtime.
+pub(crate) fn start(ds: Arc<Inner>, ps: Arc<ProcState>, shards: Vec<usize>) -> Prefetch {
+    let shared = Arc::new(Shared::default());
+    shared.planned.store(shards.len() as u64, Ordering::Relaxed);
+    let driver_shared = Arc::clone(&shared);
+    let driver_ps = Arc::clone(&ps);
+    let chosen = shards.clone();
+    let task = ps.spawn(async move {
+        let slots = Arc::new(Semaphore::new(MAX_FETCHES));
+        for (i, shard) in shards.into_iter().enumerate() {
+            if driver_shared.cancelled.load(Ordering::Relaxed) {
+                break;
+            }
+            // The first shard gets the link to itself: the first sample waits for it alone.
+            let want = if i == 0 { MAX_FETCHES as u32 } else { 1 };
+            let Ok(permit) = Arc::clone(&slots).acquire_many_owned(want).await else {
+                break;
+            };
+            if driver_shared.cancelled.load(Ordering::Relaxed) {
+                break;
+            }
+            let (ds, ps, shared) = (
+                Arc::clone(&ds),
+                Arc::clone(&driver_ps),
+                Arc::clone(&driver_shared),
+            );
+            driver_ps.spawn(async move {
+                let name = ds.shards.get(shard).map(|s| Arc::clone(&s.name));
+                let outcome = match engine::open_shard(ds, ps, shard).await {
+                    // Held until committed, so that the downloads run in the order of need.
+                    Ok(handle) => handle.complete().await,
+                    Err(e) => Err(e),
+                };
+                match outcome {
+                    Ok(()) => {
+                        shared.ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        shared.failed.fetch_add(1, Ordering::Relaxed);
+                        warn!(shard = ?name, error = %e, "prefetch failed; the stream will fetch it");
+                    }
+                }
+                drop(permit);
+            });
+        }
+        // Every download started has ended once all the slots are free again.
+        let _ = slots.acquire_many(MAX_FETCHES as u32).await;
+        debug!(report = ?driver_shared.report(), "prefetch finished");
+    });
+    Prefetch {
+        shards: chosen,
+        shared,
+        task: Some(task),
+        pid: std::process::id(),
+    }
+}
+
+/// A prefetch with nothing to download.
+pub(crate) fn nothing() -> Prefetch {
+    Prefetch {
+        shards: Vec::new(),
+        shared: Arc::new(Shared::default()),
+        task: None,
+        pid: std::process::id(),
+    }
+}

@@ -1,0 +1,218 @@
+//! `StreamingDataset::prefetch` against a real moto S3 server: it downloads the first shards a
+//! part of an epoch needs, in the order the part needs them, within its limits; a stream of that
+//! part started afterwards (here, through another dataset object, as a DataLoader worker would
+//! open one) reads them from the cache without a request of its own; a local dataset read in
+//! place plans nothing and starts no download.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::{check_sample, moto_with, runtime, write_dataset, Spec};
+use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, World};
+use shardstream_streamer::{PrefetchReport, StreamPlan, StreamingConfig, StreamingDataset};
+
+const SAMPLE_BYTES: usize = 4 << 10;
+
+fn spec() -> Spec {
+    // 600 samples of 4 KiB in shards of ~64 KiB: about 40 shards.
+    Spec {
+        samples: 600,
+        sample_bytes: SAMPLE_BYTES,
+        shard_limit: 64 << 10,
+        compression: None,
+        hashes: false,
+    }
+}
+
+fn config(endpoint_dir: &Path, cache_limit: Option<u64>) -> StreamingConfig {
+    StreamingConfig {
+        remote: "s3://bucket/ds".into(),
+        cache_root: Some(endpoint_dir.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        memory_limit: Some(8 << 20),
+        cache_limit,
+        ..StreamingConfig::default()
+    }
+}
+
+/// Rank `local_process` of 2 processes (one node), shuffled in windows of 4 shards.
+fn plan(local_process: u32) -> StreamPlan {
+    StreamPlan {
+        order: OrderConfig {
+            seed: 11,
+            shuffle: true,
+            window: 4,
+            lanes: 1,
+            ..OrderConfig::default()
+        },
+        epoch: 2,
+        world: World::new(1, 2, 1, 8).unwrap(),
+        rank: Rank {
+            node: 0,
+            local_process,
+            worker: 0,
+        },
+        start: 0,
+    }
+}
+
+/// The shards the first `n` samples of `plan`'s part come from, in order of first use.
+fn first_used(ds: &StreamingDataset, plan: StreamPlan, n: usize) -> Vec<usize> {
+    let order = EpochOrder::new(ds.shape(), &plan.order, plan.epoch).unwrap();
+    let mut seen = Vec::new();
+    for s in order
+        .rank_iter(plan.world, plan.rank, plan.start)
+        .unwrap()
+        .take(n)
+    {
+        let shard = s.sample.shard as usize;
+        if !seen.contains(&shard) {
+            seen.push(shard);
+        }
+    }
+    seen
+}
+
+fn open_on(
+    server: &shardstream_storage::testing::MotoServer,
+    config: StreamingConfig,
+) -> StreamingDataset {
+    let location = server.open("s3://bucket/ds").unwrap();
+    StreamingDataset::open_at(config, location).unwrap()
+}
+
+#[test]
+fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hits_them() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &spec());
+    let server = moto_with(data.path(), &rt);
+    let cache = tempfile::tempdir().unwrap();
+
+    let warmer = open_on(&server, config(cache.path(), None));
+    let shards = warmer.num_shards();
+    assert!(shards >= 20, "{shards} shards");
+    // Blocks of 1, 2 and 4 shards (the ramp) make the part's first 7 shards.
+    let mut prefetch = warmer.prefetch(plan(1), 7).unwrap();
+    let report = prefetch.wait().unwrap();
+    assert_eq!(
+        report,
+        PrefetchReport {
+            planned: 7,
+            ready: 7,
+            failed: 0
+        }
+    );
+    assert!(prefetch.is_finished());
+    let m = warmer.metrics();
+    assert_eq!(m.shards_fetched, 7, "{m:?}");
+    assert_eq!(m.samples, 0, "a prefetch reads no sample");
+    assert_eq!(cache_files(cache.path()), 7);
+
+    // They are the shards rank 1 reads first, in the order it first reads them.
+    let chosen = prefetch.shards().to_vec();
+    let used = first_used(&warmer, plan(1), 300);
+    assert_eq!(chosen[0], used[0], "the first shard needed comes first");
+    let first_seven: BTreeSet<usize> = used.iter().take(7).copied().collect();
+    assert_eq!(chosen.iter().copied().collect::<BTreeSet<_>>(), first_seven);
+
+    // A fresh dataset object (as a DataLoader worker opens one) streams rank 1's part: the
+    // prefetched shards are hits, and only the others are fetched.
+    let reader = open_on(&server, config(cache.path(), None));
+    let mut n = 0;
+    for item in reader.stream(plan(1)).unwrap() {
+        let item = item.unwrap();
+        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
+        n += 1;
+    }
+    assert_eq!(n, 300);
+    let m = reader.metrics();
+    assert_eq!(m.shards_fetched, shards as u64 - 7, "{m:?}");
+    assert!(m.cache_hits >= 7, "{m:?}");
+
+    // Rank 0's part starts elsewhere in the same blocks: its first shard is one of them.
+    let other = first_used(&warmer, plan(0), 1);
+    assert!(chosen.contains(&other[0]));
+}
+
+#[test]
+fn a_prefetch_stays_within_the_disk_allowance_and_a_cancelled_one_starts_nothing_more() {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &spec());
+    let server = moto_with(data.path(), &rt);
+
+    // A cache limit of 6 shards: the allowance is half of it, 3 shards, whatever is asked.
+    let cache = tempfile::tempdir().unwrap();
+    let probe = open_on(&server, config(cache.path(), None));
+    let limit = probe.max_shard_cache_bytes() * 6;
+    let ds = open_on(&server, config(cache.path(), Some(limit)));
+    let report = ds.prefetch(plan(0), 100).unwrap().wait().unwrap();
+    assert_eq!((report.planned, report.ready), (3, 3), "{report:?}");
+    assert!(ds.cache_usage().unwrap() <= limit / 2);
+
+    // Cancelled before it could run: it ends, having started at most its first downloads.
+    let cache = tempfile::tempdir().unwrap();
+    let ds = open_on(&server, config(cache.path(), None));
+    let mut prefetch = ds.prefetch(plan(0), 30).unwrap();
+    prefetch.cancel();
+    let report = prefetch.wait().unwrap();
+    assert_eq!(report.planned, 30);
+    assert!(report.ready + report.failed <= 8, "{report:?}");
+    assert_eq!(report.failed, 0);
+    // Dropping an unfinished one is fine too, and leaves the cache usable.
+    drop(ds.prefetch(plan(1), 30).unwrap());
+    let mut n = 0;
+    for item in ds.stream(plan(1)).unwrap() {
+        let item = item.unwrap();
+        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
+        n += 1;
+    }
+    assert_eq!(n, 300);
+}
+
+#[test]
+fn a_dataset_read_in_place_plans_nothing_to_prefetch() {
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &spec());
+    let cache = tempfile::tempdir().unwrap();
+    let ds = StreamingDataset::open(StreamingConfig {
+        remote: data.path().display().to_string(),
+        cache_root: Some(cache.path().to_path_buf()),
+        ..StreamingConfig::default()
+    })
+    .unwrap();
+    let mut prefetch = ds.prefetch(plan(0), 8).unwrap();
+    assert!(prefetch.is_finished());
+    assert_eq!(prefetch.wait().unwrap().planned, 0);
+    assert_eq!(ds.metrics().fetch_bytes, 0);
+}
+
+fn cache_files(cache: &Path) -> usize {
+    walk(cache)
+        .into_iter()
+        .filter(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n == "data")
+        })
+        .count()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
