@@ -138,6 +138,24 @@ fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hi
     // Rank 0's part starts elsewhere in the same blocks: its first shard is one of them.
     let other = first_used(&warmer, plan(0), 1);
     assert!(chosen.contains(&other[0]));
+
+    // On a warm cache a prefetch only looks: no request, no open.
+    let again = open_on(&server, config(cache.path(), None));
+    let report = again.prefetch(plan(1), 7).unwrap().wait().unwrap();
+    assert_eq!(
+        report,
+        PrefetchReport {
+            planned: 7,
+            ready: 7,
+            failed: 0
+        }
+    );
+    let m = again.metrics();
+    assert_eq!(
+        (m.fetch_requests, m.cache_hits, m.cache_misses),
+        (0, 0, 0),
+        "{m:?}"
+    );
 }
 
 #[test]

@@ -290,6 +290,12 @@ impl Cache {
         self.start(spec, false)
     }
 
+    /// Whether `key`'s data file is in the folder now: one `stat`, no lock and no check (an
+    /// acquire still checks it). For callers that only want to skip work for a cached shard.
+    pub fn holds(&self, key: &str) -> bool {
+        self.inner.layout.data(&KeyId::of(key)).exists()
+    }
+
     /// Where a fetcher of `spec` writes it while it downloads.
     pub(crate) fn download_path(&self, spec: &ShardSpec) -> std::path::PathBuf {
         self.inner.layout.tmp(&KeyId::of(&spec.key), spec.size)

@@ -593,6 +593,16 @@ impl Joined<'_> {
 }
 
 /// The cache entry of a shard's stored file.
+/// Whether the file a shard is read from (its decompressed entry for a compressed shard) is in
+/// the cache folder now: a `stat`, not a check (opening the shard checks it).
+pub(crate) fn is_cached(ps: &ProcState, src: &ShardSource) -> bool {
+    if src.algorithm.is_some() {
+        ps.cache.holds(&format!("{}#raw", src.name))
+    } else {
+        ps.cache.holds(&src.name)
+    }
+}
+
 fn stored_spec(src: &ShardSource) -> ShardSpec {
     ShardSpec {
         key: src.name.to_string(),

@@ -17,7 +17,8 @@
 //! runs alone, as a stream's does, because the first sample waits for it. It stops after
 //! `max_shards` shards or the stream's disk allowance (`cache_limit / 2`, at least one shard),
 //! whichever comes first. Shards read in place are skipped; a plan with nothing to download
-//! starts no thread at all. Cancelling (or dropping the handle) starts no further download;
+//! starts no thread at all; a shard whose file is already in the cache costs one `stat` (the
+//! stream opens and checks it anyway). Cancelling (or dropping the handle) starts no further download;
 //! the ones under way finish, since the part they belong to needs them.
 //!
 //! A failed download is logged, not returned: the stream that needs the shard fetches it again
@@ -171,12 +172,20 @@ pub(crate) fn start(ds: Arc<Inner>, ps: Arc<ProcState>, shards: Vec<usize>) -> P
     let chosen = shards.clone();
     let task = ps.spawn(async move {
         let slots = Arc::new(Semaphore::new(MAX_FETCHES));
-        for (i, shard) in shards.into_iter().enumerate() {
+        let mut started = 0usize;
+        for shard in shards {
             if driver_shared.cancelled.load(Ordering::Relaxed) {
                 break;
             }
+            // A warm cache costs a `stat` per shard, not an open and check that the stream
+            // repeats anyway.
+            if ds.shards.get(shard).is_some_and(|src| engine::is_cached(&driver_ps, src)) {
+                driver_shared.ready.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             // The first shard gets the link to itself: the first sample waits for it alone.
-            let want = if i == 0 { MAX_FETCHES as u32 } else { 1 };
+            let want = if started == 0 { MAX_FETCHES as u32 } else { 1 };
+            started += 1;
             let Ok(permit) = Arc::clone(&slots).acquire_many_owned(want).await else {
                 break;
             };
