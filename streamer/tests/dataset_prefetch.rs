@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use common::{check_sample, moto_with, runtime, write_dataset, Spec};
+use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, World};
 use shardstream_streamer::{PrefetchReport, StreamPlan, StreamingConfig, StreamingDataset};
 
@@ -78,6 +79,35 @@ fn first_used(ds: &StreamingDataset, plan: StreamPlan, n: usize) -> Vec<usize> {
     seen
 }
 
+/// The test dataset on a fresh moto server (the runtime and the data folder must outlive it).
+fn served() -> (tokio::runtime::Runtime, tempfile::TempDir, MotoServer) {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &spec());
+    let server = moto_with(data.path(), &rt);
+    (rt, data, server)
+}
+
+/// The report of a prefetch of `n` shards that all arrived.
+fn all_ready(n: u64) -> PrefetchReport {
+    PrefetchReport {
+        planned: n,
+        ready: n,
+        failed: 0,
+    }
+}
+
+/// Streams `plan`'s part through `ds`, checking every sample; returns how many came.
+fn stream_checked(ds: &StreamingDataset, plan: StreamPlan) -> usize {
+    let mut n = 0;
+    for item in ds.stream(plan).unwrap() {
+        let item = item.unwrap();
+        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
+        n += 1;
+    }
+    n
+}
+
 fn open_on(
     server: &shardstream_storage::testing::MotoServer,
     config: StreamingConfig,
@@ -88,10 +118,7 @@ fn open_on(
 
 #[test]
 fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hits_them() {
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    write_dataset(data.path(), &spec());
-    let server = moto_with(data.path(), &rt);
+    let (_rt, _data, server) = served();
     let cache = tempfile::tempdir().unwrap();
 
     let warmer = open_on(&server, config(cache.path(), None));
@@ -100,19 +127,12 @@ fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hi
     // Blocks of 1, 2 and 4 shards (the ramp) make the part's first 7 shards.
     let mut prefetch = warmer.prefetch(plan(1), 7).unwrap();
     let report = prefetch.wait().unwrap();
-    assert_eq!(
-        report,
-        PrefetchReport {
-            planned: 7,
-            ready: 7,
-            failed: 0
-        }
-    );
+    assert_eq!(report, all_ready(7));
     assert!(prefetch.is_finished());
     let m = warmer.metrics();
     assert_eq!(m.shards_fetched, 7, "{m:?}");
     assert_eq!(m.samples, 0, "a prefetch reads no sample");
-    assert_eq!(cache_files(cache.path()), 7);
+    assert_eq!(cache_files(&warmer), 7);
 
     // They are the shards rank 1 reads first, in the order it first reads them.
     let chosen = prefetch.shards().to_vec();
@@ -124,13 +144,7 @@ fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hi
     // A fresh dataset object (as a DataLoader worker opens one) streams rank 1's part: the
     // prefetched shards are hits, and only the others are fetched.
     let reader = open_on(&server, config(cache.path(), None));
-    let mut n = 0;
-    for item in reader.stream(plan(1)).unwrap() {
-        let item = item.unwrap();
-        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
-        n += 1;
-    }
-    assert_eq!(n, 300);
+    assert_eq!(stream_checked(&reader, plan(1)), 300);
     let m = reader.metrics();
     assert_eq!(m.shards_fetched, shards as u64 - 7, "{m:?}");
     assert!(m.cache_hits >= 7, "{m:?}");
@@ -142,14 +156,7 @@ fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hi
     // On a warm cache a prefetch only looks: no request, no open.
     let again = open_on(&server, config(cache.path(), None));
     let report = again.prefetch(plan(1), 7).unwrap().wait().unwrap();
-    assert_eq!(
-        report,
-        PrefetchReport {
-            planned: 7,
-            ready: 7,
-            failed: 0
-        }
-    );
+    assert_eq!(report, all_ready(7));
     let m = again.metrics();
     assert_eq!(
         (m.fetch_requests, m.cache_hits, m.cache_misses),
@@ -160,10 +167,7 @@ fn a_prefetch_fills_the_cache_with_the_parts_first_shards_and_the_stream_then_hi
 
 #[test]
 fn a_prefetch_stays_within_the_disk_allowance_and_a_cancelled_one_starts_nothing_more() {
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    write_dataset(data.path(), &spec());
-    let server = moto_with(data.path(), &rt);
+    let (_rt, _data, server) = served();
 
     // A cache limit of 6 shards: the allowance is half of it, 3 shards, whatever is asked.
     let cache = tempfile::tempdir().unwrap();
@@ -185,13 +189,7 @@ fn a_prefetch_stays_within_the_disk_allowance_and_a_cancelled_one_starts_nothing
     assert_eq!(report.failed, 0);
     // Dropping an unfinished one is fine too, and leaves the cache usable.
     drop(ds.prefetch(plan(1), 30).unwrap());
-    let mut n = 0;
-    for item in ds.stream(plan(1)).unwrap() {
-        let item = item.unwrap();
-        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
-        n += 1;
-    }
-    assert_eq!(n, 300);
+    assert_eq!(stream_checked(&ds, plan(1)), 300);
 }
 
 #[test]
@@ -211,26 +209,7 @@ fn a_dataset_read_in_place_plans_nothing_to_prefetch() {
     assert_eq!(ds.metrics().fetch_bytes, 0);
 }
 
-fn cache_files(cache: &Path) -> usize {
-    walk(cache)
-        .into_iter()
-        .filter(|p| {
-            p.parent()
-                .and_then(|d| d.file_name())
-                .is_some_and(|n| n == "data")
-        })
-        .count()
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
+/// Shard files committed to the cache folder of `ds`.
+fn cache_files(ds: &StreamingDataset) -> usize {
+    std::fs::read_dir(ds.cache_dir().join("data")).map_or(0, |d| d.count())
 }

@@ -220,14 +220,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         order = self._order(p)
         self._lanes, self._window = lanes, window
         self._prefetch = self._native().prefetch(
-            epoch=self._epoch,
-            nodes=p.nodes,
-            processes_per_node=p.processes_per_node,
-            node=p.node,
-            local_process=p.local_process,
-            start=self._resume_start,
-            max_shards=max(1, order["window"]),
-            **order,
+            epoch=self._epoch, start=self._resume_start, max_shards=max(1, order["window"]),
+            **_process_of(p), **order,
         )
         self._prefetch_pid = os.getpid()
 
@@ -422,15 +416,12 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             worker = 0
         return self._native().stream(
             epoch=self._epoch,
-            nodes=p.nodes,
-            processes_per_node=p.processes_per_node,
             workers=p.workers,
             batch_size=batch_size,
-            node=p.node,
-            local_process=p.local_process,
             worker=worker,
             start=start,
             raw=raw,
+            **_process_of(p),
             **self._order(p),
         ), p
 
@@ -491,6 +482,12 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 yield out
         finally:
             stream.close()
+
+
+def _process_of(p: Placement) -> dict:
+    """The native calls' arguments that place this process in the world."""
+    return dict(nodes=p.nodes, processes_per_node=p.processes_per_node, node=p.node,
+                local_process=p.local_process)
 
 
 def _worker_shm_enabled() -> bool:
