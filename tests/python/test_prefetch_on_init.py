@@ -7,7 +7,6 @@ downloads nothing until the first iteration."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import boto3
@@ -141,10 +140,14 @@ def test_dataloader_workers_stream_a_complete_epoch_while_the_prefetch_runs(remo
     assert ids == list(range(N))
 
 
-def test_prefetch_on_init_false_downloads_nothing_until_the_first_iteration(remote):
-    ds = open_dataset(remote, prefetch_on_init=False)
+def test_prefetch_on_init_false_downloads_nothing_until_the_first_iteration(remote, tmp_path):
+    ds = open_dataset(remote, prefetch_on_init=False, local=str(tmp_path / "off"))
     assert ds._prefetch is None
-    time.sleep(0.5)
+    # A dataset built just after it, with the prefetch, finishes its whole window in the
+    # meantime; the first one's own folder stays empty.
+    other = open_dataset(remote, local=str(tmp_path / "on"))
+    assert other._prefetch.wait(timeout=60)
+    assert cached_shards(other) == WINDOW
     assert cached_shards(ds) == 0
     ds.set_epoch(2)  # does not start one either
     assert ds._prefetch is None
