@@ -588,19 +588,24 @@ impl NativePrefetch {
     }
 
     /// Waits until every download it started has ended (at most `timeout` seconds); returns
-    /// whether they had. Ctrl-C interrupts it.
+    /// whether they had. Ctrl-C interrupts it (the wait wakes every [`POLL`] to check).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline =
             timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         loop {
-            if self.prefetch.is_finished() {
+            let slice = deadline.map_or(POLL, |d| {
+                POLL.min(d.saturating_duration_since(std::time::Instant::now()))
+            });
+            if py
+                .detach(|| self.prefetch.wait_timeout(slice))
+                .map_err(from_streamer)?
+            {
                 return Ok(true);
             }
             if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 return Ok(false);
             }
-            py.detach(|| std::thread::sleep(Duration::from_millis(5)));
             py.check_signals()?;
         }
     }

@@ -97,6 +97,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     """
 
     _ramp = True  # instances pickled before `shuffle_ramp` existed have no attribute of their own
+    # Instances pickled before the prefetch existed have neither.
+    _prefetch: _native.NativePrefetch | None = None
+    _prefetch_pid: int | None = None
 
     def __init__(
         self,
@@ -188,7 +191,6 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._resume_start = 0  # positions of self._epoch consumed before this run
         self._yielded = 0  # samples this process (or worker) yielded in the current iteration
         self._worker_skip = 0  # batches this DataLoader worker had yielded (StatefulDataLoader)
-        self._prefetch: _native.NativePrefetch | None = None
         self._native()  # open now: a bad URL or index fails here, not in a worker
         if prefetch_on_init:
             self._start_prefetch()
@@ -215,10 +217,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         arrive (docs/python.md, "Prefetch at construction"). Replaces an earlier one."""
         self._stop_prefetch()
         p = placement()
-        # Lanes and window are fixed at the first iteration, as before: not here.
-        lanes, window = self._lanes, self._window
-        order = self._order(p)
-        self._lanes, self._window = lanes, window
+        order = self._order(p, fix=False)  # lanes and window are fixed at the first iteration
         self._prefetch = self._native().prefetch(
             epoch=self._epoch, start=self._resume_start, max_shards=max(1, order["window"]),
             **_process_of(p), **order,
@@ -228,14 +227,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def _stop_prefetch(self) -> None:
         """Starts no further prefetch download (those under way finish). In a forked DataLoader
         worker the handle is the parent's: dropping it there touches nothing."""
-        prefetch, self._prefetch = getattr(self, "_prefetch", None), None
-        if prefetch is not None and getattr(self, "_prefetch_pid", None) == os.getpid():
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and self._prefetch_pid == os.getpid():
             prefetch.cancel()
 
     def _retarget_prefetch(self) -> None:
         """After the epoch or the start position changed: prefetch for the new one instead, if
         this process was prefetching."""
-        if getattr(self, "_prefetch", None) is not None and getattr(self, "_prefetch_pid", None) == os.getpid():
+        if self._prefetch is not None and self._prefetch_pid == os.getpid():
             self._start_prefetch()
 
     def __setstate__(self, state: dict) -> None:
@@ -277,23 +276,28 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """This process's engine counters (fetched bytes, cache hits, memory in use, ...)."""
         return self._native().metrics()
 
-    def _order(self, p: Placement) -> dict:
-        if self._lanes is None:
-            self._lanes = p.nodes  # Mosaic's default: the node count at the start of the run
-        if self._window is None:
+    def _order(self, p: Placement, fix: bool = True) -> dict:
+        """The order's settings; with `fix`, lanes and window are kept for the rest of the run."""
+        lanes = self._lanes
+        if lanes is None:
+            lanes = p.nodes  # Mosaic's default: the node count at the start of the run
+        window = self._window
+        if window is None:
             if self._shuffle_window is not None:
-                self._window = int(self._shuffle_window)
+                window = int(self._shuffle_window)
             elif self.shuffle_block_size is not None:
                 sizes = [s for s in self._native().shard_sizes() if s > 0]
                 per_shard = sum(sizes) / max(len(sizes), 1)
-                self._window = max(1, round(self.shuffle_block_size / max(per_shard, 1)))
+                window = max(1, round(self.shuffle_block_size / max(per_shard, 1)))
             else:
-                self._window = DEFAULT_WINDOW
+                window = DEFAULT_WINDOW
+        if fix:
+            self._lanes, self._window = lanes, window
         return dict(
             seed=self.shuffle_seed,
             shuffle=self.shuffle,
-            window=self._window,
-            lanes=self._lanes,
+            window=window,
+            lanes=lanes,
             remainder=self.remainder,
             ramp=self._ramp,
             # Instances pickled before the sample ramp existed follow their shard ramp.

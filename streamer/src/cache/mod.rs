@@ -292,7 +292,7 @@ impl Cache {
 
     /// Whether `key`'s data file is in the folder now: one `stat`, no lock and no check (an
     /// acquire still checks it). For callers that only want to skip work for a cached shard.
-    pub fn holds(&self, key: &str) -> bool {
+    pub(crate) fn holds(&self, key: &str) -> bool {
         self.inner.layout.data(&KeyId::of(key)).exists()
     }
 

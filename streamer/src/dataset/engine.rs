@@ -592,7 +592,6 @@ impl Joined<'_> {
     }
 }
 
-/// The cache entry of a shard's stored file.
 /// Whether the file a shard is read from (its decompressed entry for a compressed shard) is in
 /// the cache folder now: a `stat`, not a check (opening the shard checks it).
 pub(crate) fn is_cached(ps: &ProcState, src: &ShardSource) -> bool {
@@ -603,6 +602,7 @@ pub(crate) fn is_cached(ps: &ProcState, src: &ShardSource) -> bool {
     }
 }
 
+/// The cache entry of a shard's stored file.
 fn stored_spec(src: &ShardSource) -> ShardSpec {
     ShardSpec {
         key: src.name.to_string(),

@@ -18,14 +18,15 @@
 //! `max_shards` shards or the stream's disk allowance (`cache_limit / 2`, at least one shard),
 //! whichever comes first. Shards read in place are skipped; a plan with nothing to download
 //! starts no thread at all; a shard whose file is already in the cache costs one `stat` (the
-//! stream opens and checks it anyway). Cancelling (or dropping the handle) starts no further download;
-//! the ones under way finish, since the part they belong to needs them.
+//! stream opens and checks it anyway). Cancelling (or dropping the handle) starts no further
+//! download; the ones under way finish, since the part they belong to needs them.
 //!
 //! A failed download is logged, not returned: the stream that needs the shard fetches it again
 //! and reports the error where the samples are wanted.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -60,18 +61,19 @@ pub struct Prefetch {
 #[derive(Debug, Default)]
 struct Shared {
     cancelled: AtomicBool,
-    planned: AtomicU64,
     ready: AtomicU64,
     failed: AtomicU64,
+    /// Set (and waiters woken) when every download started has ended.
+    ended: Mutex<bool>,
+    ended_cv: Condvar,
 }
 
 impl Shared {
-    fn report(&self) -> PrefetchReport {
-        PrefetchReport {
-            planned: self.planned.load(Ordering::Relaxed),
-            ready: self.ready.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
+    fn end(&self) {
+        if let Ok(mut ended) = self.ended.lock() {
+            *ended = true;
         }
+        self.ended_cv.notify_all();
     }
 }
 
@@ -93,21 +95,51 @@ impl Prefetch {
 
     /// What it has done so far.
     pub fn report(&self) -> PrefetchReport {
-        self.shared.report()
+        PrefetchReport {
+            planned: self.shards.len() as u64,
+            ready: self.shared.ready.load(Ordering::Relaxed),
+            failed: self.shared.failed.load(Ordering::Relaxed),
+        }
     }
 
     /// Waits (from a plain thread) until every download it started has ended.
     pub fn wait(&mut self) -> Result<PrefetchReport> {
+        self.check_process()?;
         if let Some(task) = self.task.take() {
-            if self.pid != std::process::id() {
-                return Err(StreamerError::Engine(
-                    "this prefetch was started in another process (before a fork)".into(),
-                ));
-            }
             futures::executor::block_on(task)
                 .map_err(|e| StreamerError::Engine(format!("prefetch task failed: {e}")))?;
         }
-        Ok(self.shared.report())
+        Ok(self.report())
+    }
+
+    /// [`Prefetch::wait`] for at most `timeout`; whether every download it started has ended.
+    /// Wakes when they end, not by polling.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
+        self.check_process()?;
+        if self.is_finished() {
+            return Ok(true);
+        }
+        let ended = self
+            .shared
+            .ended
+            .lock()
+            .map_err(|_| StreamerError::Engine("prefetch state poisoned".into()))?;
+        let (ended, _) = self
+            .shared
+            .ended_cv
+            .wait_timeout_while(ended, timeout, |ended| !*ended)
+            .map_err(|_| StreamerError::Engine("prefetch state poisoned".into()))?;
+        // A driver task that panicked never says so: its handle does.
+        Ok(*ended || self.is_finished())
+    }
+
+    fn check_process(&self) -> Result<()> {
+        if self.pid != std::process::id() {
+            return Err(StreamerError::Engine(
+                "this prefetch was started in another process (before a fork)".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -166,7 +198,6 @@ pub(crate) fn shards_for(
 /// Starts the downloads of `shards` on `ps`'s runtime.
 pub(crate) fn start(ds: Arc<Inner>, ps: Arc<ProcState>, shards: Vec<usize>) -> Prefetch {
     let shared = Arc::new(Shared::default());
-    shared.planned.store(shards.len() as u64, Ordering::Relaxed);
     let driver_shared = Arc::clone(&shared);
     let driver_ps = Arc::clone(&ps);
     let chosen = shards.clone();
@@ -218,7 +249,12 @@ pub(crate) fn start(ds: Arc<Inner>, ps: Arc<ProcState>, shards: Vec<usize>) -> P
         }
         // Every download started has ended once all the slots are free again.
         let _ = slots.acquire_many(MAX_FETCHES as u32).await;
-        debug!(report = ?driver_shared.report(), "prefetch finished");
+        debug!(
+            ready = driver_shared.ready.load(Ordering::Relaxed),
+            failed = driver_shared.failed.load(Ordering::Relaxed),
+            "prefetch finished"
+        );
+        driver_shared.end();
     });
     Prefetch {
         shards: chosen,
