@@ -76,8 +76,7 @@ def main() -> None:
                 log.write(f"start {time.time()}\n")
                 for b in self.ds.iter_batches(BATCH):
                     log.write(f"yield {time.time()}\n")
-                    col = b["data"]
-                    yield b["id"], col.data, col.offsets
+                    yield b
 
     with S3Server(sys.executable) as server:
         s3 = server.client()
@@ -112,9 +111,9 @@ def main() -> None:
                 t0 = time.time()
             loader = DataLoader(Batches(ds), batch_size=None, num_workers=2, collate_fn=lambda b: b)
             received, samples = [], 0
-            for ids, _, _ in loader:
+            for b in loader:
                 received.append(time.time())
-                samples += len(ids)
+                samples += len(b["id"])
             t_end = time.time()
             stop.set()
             if poller.is_alive():

@@ -76,16 +76,15 @@ def collate(batch):
 
 
 class ColumnBatches:
-    """shardstream's batch path as an iterable of (ids array, data buffer, offsets array): no
-    Python object per sample, in the training process or in a DataLoader worker."""
+    """shardstream's batch path as docs/python.md prescribes: `iter_batches`' own batches (a
+    dict of an ids array and a `VarColumn`), with no Python object per sample, in the training
+    process or in a DataLoader worker; the consumer takes the columns apart."""
 
     def __init__(self, ds, batch_size: int) -> None:
         self.ds, self.batch_size = ds, batch_size
 
     def __iter__(self):
-        for b in self.ds.iter_batches(self.batch_size):
-            col = b["data"]
-            yield b["id"], col.data, col.offsets
+        return iter(self.ds.iter_batches(self.batch_size))
 
 
 def keep_batch(batch):
@@ -246,9 +245,12 @@ def counters() -> dict:
 
 def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory | None = None) -> dict:
     """One checked epoch; with `memory`, sampled for peak memory (and then not for speed)."""
+    import numpy as np
+
     n, size = job["samples"], job["sample_bytes"]
-    seen = bytearray(n)
-    dup = bad = out_of_range = count = nbytes = 0
+    head = min(8, size)
+    id_chunks: list = []  # each batch's ids; counted after the epoch (a few bytes per sample)
+    bad = count = nbytes = 0
     c0 = counters()
     if memory is not None:
         memory.start()
@@ -256,58 +258,87 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
     it, batched = build(job, local, shuffle, workers)
     t_first = None
 
-    def check(i, data):
-        nonlocal dup, bad, out_of_range, count, nbytes
-        count += 1
-        nbytes += len(data)
-        if not 0 <= i < n:
-            out_of_range += 1
+    def slow_heads(ids, datas) -> int:
+        """Samples of a batch with a wrong length or a head that is not their id, one by one."""
+        return sum(1 for i, d in zip(ids, datas)
+                   if len(d) != size or bytes(d[:head]) != int(i).to_bytes(8, "little", signed=True)[:head])
+
+    def check_lists(ids, datas, lengths=None) -> None:
+        """A batch of (ids, sample bytes) lists, checked with one numpy comparison when every
+        sample has the profile's length (a wrong one falls back to one sample at a time). With
+        `lengths` (each sample's length), `datas` holds only each sample's head."""
+        nonlocal bad, count, nbytes
+        k = len(ids)
+        ids_np = np.fromiter(ids, dtype=np.int64, count=k)
+        id_chunks.append(ids_np)
+        count += k
+        lengths_np = np.fromiter(map(len, datas) if lengths is None else lengths, dtype=np.int64, count=k)
+        nbytes += int(lengths_np.sum())
+        wrong_length = k - int(np.count_nonzero(lengths_np == size))
+        if head == 8 and not wrong_length:
+            heads = np.frombuffer(b"".join([d[:8] for d in datas]), dtype="<i8")
+            bad += k - int(np.count_nonzero(heads == ids_np))
+        else:
+            bad += sum(1 for i, d, length in zip(ids, datas, lengths_np)
+                       if length != size or bytes(d[:head]) != int(i).to_bytes(8, "little", signed=True)[:head])
+
+    def check_columns(ids, buf, offsets) -> None:
+        """A column batch: the heads are read as a strided view of the buffer when every sample
+        has the profile's length (consecutive, as the batch path lays them out)."""
+        nonlocal bad, count, nbytes
+        ids_np = np.asarray(ids, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        k = len(ids_np)
+        id_chunks.append(ids_np)
+        count += k
+        nbytes += int(offsets[-1] - offsets[0]) if len(offsets) else 0
+        if k == 0:
             return
-        if seen[i]:
-            dup += 1
-        seen[i] = 1
-        if len(data) != size or data[:8] != i.to_bytes(8, "little")[: min(8, size)]:
-            bad += 1
+        if head == 8 and len(offsets) == k + 1 and (np.diff(offsets) == size).all():
+            heads = np.ndarray((k,), dtype="<i8", buffer=memoryview(buf), offset=int(offsets[0]), strides=(size,))
+            bad += k - int(np.count_nonzero(heads == ids_np))
+        else:
+            raw = memoryview(buf)
+            datas = [raw[offsets[j]:offsets[j + 1]] for j in range(min(k, len(offsets) - 1))]
+            bad += slow_heads(ids_np[: len(datas)], datas) + (k - len(datas))
 
     if batched == "columns":
-        import numpy as np
-
-        seen_np = np.zeros(n, dtype=np.int64)
-        head = np.arange(min(8, size))
-        for ids, buf, offsets in it:
+        for b in it:
             if t_first is None:
                 t_first = time.time()
-            ids = np.asarray(ids, dtype=np.int64)
-            offsets = np.asarray(offsets, dtype=np.int64)
-            count += len(ids)
-            nbytes += int(offsets[-1] - offsets[0]) if len(offsets) else 0
-            inside = (ids >= 0) & (ids < n)
-            out_of_range += int((~inside).sum())
-            np.add.at(seen_np, ids[inside], 1)
-            raw = np.frombuffer(buf, dtype=np.uint8)
-            lengths_ok = np.diff(offsets) == size
-            heads = raw[offsets[:-1][:, None] + head[None, :]] if len(head) else np.zeros((len(ids), 0), np.uint8)
-            want = ids.astype("<u8").view(np.uint8).reshape(-1, 8)[:, : len(head)]
-            bad += int((~(lengths_ok & (heads == want).all(axis=1))).sum())
-        dup = int(np.clip(seen_np - 1, 0, None).sum())
-        seen[:] = (seen_np > 0).astype(np.uint8).tobytes()
+            col = b["data"]
+            check_columns(b["id"], col.data, col.offsets)
     elif batched:
         for ids, datas in it:
             if t_first is None:
                 t_first = time.time()
-            for i, d in zip(ids, datas):
-                check(i, d)
+            check_lists(ids, datas)
     else:
+        # One sample at a time: keep only its id, length and head (not the sample, which a
+        # per-sample loop drops as it goes), checked 64 at a time.
+        ids, heads, lengths = [], [], []
         for s in it:
             if t_first is None:
                 t_first = time.time()
             i, d = EXTRACT(s)
-            check(i, d)
+            ids.append(i)
+            heads.append(d[:head])
+            lengths.append(len(d))
+            if len(ids) == 64:
+                check_lists(ids, heads, lengths)
+                ids, heads, lengths = [], [], []
+        if ids:
+            check_lists(ids, heads, lengths)
     t_end = time.time()
     if memory is not None:
         memory.stop()  # before the iterator (and whatever it holds) is dropped
     c1 = counters()
-    missing = n - sum(seen)
+    all_ids = np.concatenate(id_chunks) if id_chunks else np.zeros(0, dtype=np.int64)
+    inside = (all_ids >= 0) & (all_ids < n)
+    out_of_range = int(len(all_ids) - np.count_nonzero(inside))
+    hits = np.bincount(all_ids[inside], minlength=n)
+    missing = int(np.count_nonzero(hits == 0))
+    dup = int(np.clip(hits - 1, 0, None).sum())
     problems = [f"{v} {k}" for k, v in (("missing", missing), ("duplicated", dup), ("with wrong bytes", bad),
                                          ("out of range", out_of_range)) if v]
     del it

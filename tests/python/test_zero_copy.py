@@ -162,3 +162,42 @@ def test_recycled_buffers_never_change_what_python_still_holds(tmp_path, stream_
         assert len(kept_samples) == n // 3
         for i, pad in kept_samples:
             assert bytes(pad) == pad_bytes(i, extra), (epoch, i)
+
+
+def test_iter_batches_yields_column_batches_that_pickle_to_equal_batches(padded, stream_env):
+    """What a DataLoader worker sends: a `ColumnBatch` pickles (numeric columns and offsets in
+    one blob) and unpickles to the same columns, read-only, with a user's own entry kept."""
+    ds = shardstream.StreamingDataset(local=str(padded))
+    for batch in ds.iter_batches(16):
+        assert isinstance(batch, shardstream.ColumnBatch) and isinstance(batch, dict)
+        batch["note"] = ["kept", 1]
+        again = pickle.loads(pickle.dumps(batch))
+        assert type(again) is shardstream.ColumnBatch
+        assert list(again) == list(batch) and list(batch)[-1] == "note"
+        for name in ("id", "x"):
+            assert again[name].dtype == batch[name].dtype and again[name].shape == batch[name].shape
+            assert (again[name] == batch[name]).all() and not again[name].flags.writeable
+        assert (again["pad"].offsets == batch["pad"].offsets).all()
+        assert again["pad"].tolist() == batch["pad"].tolist() and again["pad"].encoding == "bytes"
+        assert again["note"] == ["kept", 1]
+
+
+def test_column_batch_pickles_odd_sizes_large_arrays_and_other_values():
+    """Arrays of odd byte sizes keep the next array aligned; an array over the blob limit and
+    values that are not the batch path's own pickle as themselves."""
+    batch = shardstream.ColumnBatch(
+        a=np.arange(3, dtype=np.uint8),
+        b=np.arange(10, dtype=np.float64).reshape(5, 2),
+        v=shardstream.VarColumn(b"abcdef", np.array([0, 1, 3, 6], dtype="<u8"), "str"),
+        big=np.arange(20_000, dtype=np.int64),
+        empty=np.zeros((0, 4), dtype=np.int32),
+        t=torch.arange(4),
+    )
+    again = pickle.loads(pickle.dumps(batch))
+    assert list(again) == ["a", "b", "v", "big", "empty", "t"]
+    for name in ("a", "b", "big", "empty"):
+        assert again[name].dtype == batch[name].dtype and again[name].shape == batch[name].shape
+        assert (again[name] == batch[name]).all()
+    assert again["b"].flags.aligned
+    assert again["v"].tolist() == ["a", "bc", "def"]
+    assert torch.equal(again["t"], batch["t"])

@@ -11,7 +11,7 @@ from shardstream._native import (  # noqa: F401
     StorageError,
     __version__,
 )
-from shardstream.dataset import ColumnBatches, StreamingDataset, VarColumn, open  # noqa: F401
+from shardstream.dataset import ColumnBatch, ColumnBatches, StreamingDataset, VarColumn, open  # noqa: F401
 from shardstream.streams import Stream  # noqa: F401
 from shardstream.writer import ShardWriter  # noqa: F401
 
@@ -19,6 +19,7 @@ __all__ = [
     "Buffer",
     "BudgetExceededError",
     "CheckpointError",
+    "ColumnBatch",
     "ColumnBatches",
     "CorruptDataError",
     "HashMismatchError",
