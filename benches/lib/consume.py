@@ -32,7 +32,7 @@ import urllib.request
 from measure import tree_pss_bytes
 
 T_START = time.time()
-SPEC = json.loads(sys.argv[1])
+SPEC: dict = {}  # the run's spec (main() reads it from the command line)
 SYSTEM = ""  # set per job: one child may run several systems (--smoke does, to import torch once)
 # The consumer's own ceiling: the same samples, made in memory, through the same loop, collate
 # and DataLoader. Whatever a loader costs beyond it is the loader's.
@@ -359,6 +359,7 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
 
 
 def main() -> None:
+    SPEC.update(json.loads(sys.argv[1]))
     first_of: dict = {}
     for j, job in enumerate(SPEC["jobs"]):
         use_system(job["system"])
