@@ -322,7 +322,7 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
                 t_first = time.time()
             i, d = EXTRACT(s)
             ids.append(i)
-            heads.append(d[:head])
+            heads.append(bytes(d[:head]))  # a copy: a view would keep the sample's buffer alive
             lengths.append(len(d))
             if len(ids) == 64:
                 check_lists(ids, heads, lengths)

@@ -10,8 +10,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use common::{check_sample, moto_with, runtime, write_dataset, Spec};
+use common::outage::StallProxy;
+use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
 use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, World};
 use shardstream_streamer::{PrefetchReport, StreamPlan, StreamingConfig, StreamingDataset};
@@ -190,6 +192,60 @@ fn a_prefetch_stays_within_the_disk_allowance_and_a_cancelled_one_starts_nothing
     // Dropping an unfinished one is fine too, and leaves the cache usable.
     drop(ds.prefetch(plan(1), 30).unwrap());
     assert_eq!(stream_checked(&ds, plan(1)), 300);
+}
+
+#[test]
+fn the_first_shard_has_the_link_alone_only_until_it_is_open() {
+    // Shards of ~256 KiB behind a proxy that passes each connection's first 160 KiB of response
+    // and then stalls: the first shard opens (its first write comes after 64 KiB) but never
+    // completes. Had it kept the link until committed, no other download would ever start.
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(
+        data.path(),
+        &Spec {
+            shard_limit: 256 << 10,
+            ..spec()
+        },
+    );
+    let server = moto_with(data.path(), &rt);
+    let proxy = rt.block_on(StallProxy::start(server.addr(), 160 << 10));
+    let cache = tempfile::tempdir().unwrap();
+    let ds = StreamingDataset::open_at(
+        config(cache.path(), None),
+        s3_location(&proxy.endpoint(), "ds"),
+    )
+    .unwrap();
+    let prefetch = ds.prefetch(plan(0), 8).unwrap();
+    assert!(prefetch.shards().len() >= 3, "{:?}", prefetch.shards());
+    let tmp = ds.cache_dir().join("tmp");
+    let started = Instant::now();
+    // A download's temp file is `<key id>.<reserved bytes>`.
+    let in_flight = || {
+        std::fs::read_dir(&tmp).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    !name.starts_with('.')
+                        && name
+                            .rsplit_once('.')
+                            .is_some_and(|(_, n)| n.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .count()
+        })
+    };
+    while in_flight() < prefetch.shards().len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "only {} of the {} downloads started while the first one was open",
+            in_flight(),
+            prefetch.shards().len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(prefetch.report().ready, 0, "nothing can complete");
+    prefetch.cancel();
+    drop(proxy);
 }
 
 #[test]
