@@ -5,6 +5,7 @@ values equal Mosaic's `bytes`, and memoryview, numpy and torch read them in plac
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import pickle
@@ -180,6 +181,9 @@ def test_iter_batches_yields_column_batches_that_pickle_to_equal_batches(padded,
         assert (again["pad"].offsets == batch["pad"].offsets).all()
         assert again["pad"].tolist() == batch["pad"].tolist() and again["pad"].encoding == "bytes"
         assert again["note"] == ["kept", 1]
+        shallow = copy.copy(batch)
+        assert type(shallow) is shardstream.ColumnBatch and shallow is not batch
+        assert all(shallow[k] is batch[k] for k in batch)
 
 
 def test_column_batch_pickles_odd_sizes_large_arrays_and_other_values():

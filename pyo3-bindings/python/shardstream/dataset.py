@@ -102,6 +102,11 @@ class ColumnBatch(dict):
 
     __slots__ = ()
 
+    def __copy__(self) -> ColumnBatch:
+        # A shallow copy (torch's default_convert copies a mapping before converting its values),
+        # not a rebuild through `__reduce__`.
+        return ColumnBatch(self)
+
     def __reduce__(self) -> tuple:
         layout: list[tuple] = []
         blob: list = []
