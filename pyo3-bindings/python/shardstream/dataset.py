@@ -96,9 +96,9 @@ class ColumnBatch(dict):
 
     It pickles compactly, because a DataLoader worker pickles every batch it sends: the numeric
     columns and the variable columns' offsets go as one `bytes` blob with a small layout,
-    instead of one numpy pickle each (half the cost of pickling the plain dict, which is most
-    of what a batch of 64 small samples costs a worker beyond reading it). Values that are
-    not the batch path's own (an entry a user added) pickle as they always do."""
+    instead of one numpy pickle each (about half the cost of pickling the plain dict). Values
+    that are not the batch path's own (an entry a user added) pickle as they always do. As with
+    a plain dict's pickle, the arrays it unpickles to are writable copies."""
 
     __slots__ = ()
 
@@ -138,8 +138,8 @@ _OFFSETS = np.dtype("<u8")
 
 
 def _rebuild_column_batch(layout: tuple, blob: bytes, others: tuple) -> ColumnBatch:
-    """Unpickles a `ColumnBatch`: its arrays are read-only views of `blob`, as the worker's were
-    of the engine's buffer."""
+    """Unpickles a `ColumnBatch`: its arrays are views of one writable copy of `blob`."""
+    data = bytearray(blob)
     out = ColumnBatch()
     at = 0
     k = 0
@@ -152,11 +152,11 @@ def _rebuild_column_batch(layout: tuple, blob: bytes, others: tuple) -> ColumnBa
             count = 1
             for d in shape:
                 count *= d
-            out[name] = np.frombuffer(blob, dtype, count, at).reshape(shape)
+            out[name] = np.frombuffer(data, dtype, count, at).reshape(shape)
             at += count * dtype.itemsize
             at += -at % 8
         else:
-            out[name] = VarColumn(others[k], np.frombuffer(blob, _OFFSETS, shape, at), spec)
+            out[name] = VarColumn(others[k], np.frombuffer(data, _OFFSETS, shape, at), spec)
             k += 1
             at += 8 * shape
     return out
