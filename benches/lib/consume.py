@@ -258,10 +258,10 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
     it, batched = build(job, local, shuffle, workers)
     t_first = None
 
-    def slow_heads(ids, datas) -> int:
+    def slow_heads(ids, datas, lengths) -> int:
         """Samples of a batch with a wrong length or a head that is not their id, one by one."""
-        return sum(1 for i, d in zip(ids, datas)
-                   if len(d) != size or bytes(d[:head]) != int(i).to_bytes(8, "little", signed=True)[:head])
+        return sum(1 for i, d, length in zip(ids, datas, lengths)
+                   if length != size or bytes(d[:head]) != int(i).to_bytes(8, "little", signed=True)[:head])
 
     def check_lists(ids, datas, lengths=None) -> None:
         """A batch of (ids, sample bytes) lists, checked with one numpy comparison when every
@@ -279,8 +279,7 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
             heads = np.frombuffer(b"".join([d[:8] for d in datas]), dtype="<i8")
             bad += k - int(np.count_nonzero(heads == ids_np))
         else:
-            bad += sum(1 for i, d, length in zip(ids, datas, lengths_np)
-                       if length != size or bytes(d[:head]) != int(i).to_bytes(8, "little", signed=True)[:head])
+            bad += slow_heads(ids, datas, lengths_np)
 
     def check_columns(ids, buf, offsets) -> None:
         """A column batch: the heads are read as a strided view of the buffer when every sample
@@ -300,7 +299,7 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
         else:
             raw = memoryview(buf)
             datas = [raw[offsets[j]:offsets[j + 1]] for j in range(min(k, len(offsets) - 1))]
-            bad += slow_heads(ids_np[: len(datas)], datas) + (k - len(datas))
+            bad += slow_heads(ids_np[: len(datas)], datas, [len(d) for d in datas]) + (k - len(datas))
 
     if batched == "columns":
         for b in it:

@@ -89,6 +89,7 @@ class VarColumn:
 # larger ones pickle as arrays. A variable column's bytes never go in the blob: in a DataLoader
 # worker they cross through the batch arena (`_reduce_buffer`).
 _BLOB_MAX_BYTES = 64 * 1024
+_OFFSETS = np.dtype("<u8")  # a VarColumn's offsets
 
 
 class ColumnBatch(dict):
@@ -132,9 +133,6 @@ class ColumnBatch(dict):
                 layout.append((name, None, None))
                 others.append(value)
         return (_rebuild_column_batch, (tuple(layout), b"".join(blob), tuple(others)))
-
-
-_OFFSETS = np.dtype("<u8")
 
 
 def _rebuild_column_batch(layout: tuple, blob: bytes, others: tuple) -> ColumnBatch:

@@ -246,12 +246,11 @@ pub(crate) fn start(ds: Arc<Inner>, ps: Arc<ProcState>, shards: Vec<usize>) -> P
                 let outcome = match engine::open_shard(ds, ps, shard).await {
                     // Held until committed, so that the downloads run in the order of need.
                     Ok(handle) => {
-                        drop(alone.take());
+                        drop(alone);
                         handle.complete().await
                     }
                     Err(e) => Err(e),
                 };
-                drop(alone);
                 match outcome {
                     Ok(()) => {
                         shared.ready.fetch_add(1, Ordering::Relaxed);
