@@ -1,4 +1,5 @@
-//! `Buffer`: read-only bytes owned by Rust, handed to Python through the buffer protocol.
+//! `Buffer`: read-only bytes owned by Rust, handed to Python through the buffer protocol; and
+//! `ColumnBuffer`, a batch's numeric column, which Python owns and may write.
 //!
 //! Sample bytes reach Python without a copy: a `Buffer` holds a [`Bytes`] (a slice of the
 //! streamer's read buffer, or a buffer this binding filled with the GIL released) and lends it
@@ -20,6 +21,7 @@ use pyo3::exceptions::{PyBufferError, PyIndexError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PySlice, PyTuple};
+use shardstream_streamer::buffers::PooledBuffer;
 use shardstream_streamer::RawSample;
 use std::sync::Arc;
 
@@ -204,6 +206,80 @@ impl Buffer {
 
     fn __repr__(&self) -> String {
         format!("shardstream.Buffer({} bytes)", self.data.len())
+    }
+}
+
+/// The bytes of one batch's fixed-size numeric column (exported as
+/// `shardstream._native.ColumnBuffer`), owned by that batch alone and exported *writable*: the
+/// numpy arrays `iter_batches` makes over it are writable, as a plain dict's arrays are. torch's
+/// default conversion (`DataLoader(..., batch_size=None)` applies it to every batch) turns them
+/// into tensors in place; over a read-only buffer it warns that writing to the tensor is
+/// undefined behaviour. Unlike a [`Buffer`], it is never sliced, shared between batches or read
+/// by Rust after it is filled: Python owns its bytes, and its allocation goes back to the batch
+/// pool when the last array over it is dropped.
+#[pyclass(module = "shardstream._native", name = "ColumnBuffer")]
+pub struct ColumnBuffer {
+    data: PooledBuffer,
+}
+
+impl ColumnBuffer {
+    /// A column gathered into `data`.
+    pub fn new(data: PooledBuffer) -> Self {
+        ColumnBuffer { data }
+    }
+}
+
+#[pymethods]
+impl ColumnBuffer {
+    /// Exports the bytes writable.
+    ///
+    /// # Safety
+    /// Called by CPython with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        mut slf: PyRefMut<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("no buffer view to fill"));
+        }
+        let data = slf.data.as_mut_slice();
+        let (ptr, len) = (data.as_mut_ptr(), data.len());
+        let len = ffi::Py_ssize_t::try_from(len)
+            .map_err(|_| PyBufferError::new_err("buffer larger than Py_ssize_t"))?;
+        // SAFETY: `PyBuffer_FillInfo` stores a new reference to `slf` in `view.obj`, so the
+        // object, and the allocation it owns (never resized once filled), live until the
+        // consumer releases the view. The pointer comes from a `&mut` borrow: after this call
+        // the bytes are reached only through exported views (Python code, under the GIL), as a
+        // `bytearray`'s are; no Rust code reads or writes them until the object is dropped.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    /// Nothing to free: the view's format string is static and CPython drops `view.obj`.
+    ///
+    /// # Safety
+    /// Called by CPython with the view `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("shardstream.ColumnBuffer({} bytes)", self.data.len())
     }
 }
 

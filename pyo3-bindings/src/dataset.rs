@@ -27,7 +27,7 @@ use shardstream_streamer::{
 };
 
 use crate::arena::{self, SlotBytes, SlotWriter};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, ColumnBuffer};
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
 
@@ -827,11 +827,17 @@ impl NativeStream {
             .collect();
         let out = PyDict::new(py);
         for (c, g) in gathered {
-            let data = match g.data {
-                GatheredBytes::Heap(b) => Buffer::new(Bytes::from_owner(b)),
-                GatheredBytes::Slot(b) => Buffer::in_slot(b),
-            }
-            .into_pyobject(py)?;
+            let data = match (g.data, g.fixed.is_some()) {
+                // Numeric columns are Python's to write (`ColumnBuffer`); variable ones are
+                // sliced into values and may lie in a worker's arena.
+                (GatheredBytes::Heap(b), true) => {
+                    ColumnBuffer::new(b).into_pyobject(py)?.into_any()
+                }
+                (GatheredBytes::Heap(b), false) => Buffer::new(Bytes::from_owner(b))
+                    .into_pyobject(py)?
+                    .into_any(),
+                (GatheredBytes::Slot(b), _) => Buffer::in_slot(b).into_pyobject(py)?.into_any(),
+            };
             let value = match g.fixed {
                 Some((dtype, shape)) => (
                     Some(dtype.name()),

@@ -21,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<buffer::Buffer>()?;
+    m.add_class::<buffer::ColumnBuffer>()?;
     m.add_function(wrap_pyfunction!(buffer::_attach_buffer, m)?)?;
     dataset::register(m)?;
     checkpoint::register(m)?;

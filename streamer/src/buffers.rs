@@ -439,6 +439,13 @@ impl PooledBuffer {
     }
 }
 
+impl PooledBuffer {
+    /// The bytes, to write (the buffer's owner alone holds it).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.data.as_mut_slice()
+    }
+}
+
 impl AsRef<[u8]> for PooledBuffer {
     fn as_ref(&self) -> &[u8] {
         self.data.as_slice()

@@ -114,8 +114,8 @@ def test_iter_batches_var_columns_are_buffers(padded, stream_env):
         assert all(pad[k].tobytes() == pad_of(i) for k, i in enumerate(got))
         flat = np.frombuffer(pad.data, dtype=np.uint8).reshape(len(pad), EXTRA)
         assert [int(r[0]) for r in flat] == [i % 251 for i in got]
-        # Fixed-size columns are numpy arrays reading a Buffer in place.
-        assert batch["x"].dtype == np.uint32 and not batch["x"].flags.writeable
+        # Fixed-size columns are writable numpy arrays over the batch's own buffer.
+        assert batch["x"].dtype == np.uint32 and batch["x"].flags.writeable
         assert [int(v) for v in batch["x"]] == [3 * i for i in got]
         ids.extend(got)
     assert ids == list(range(N))
@@ -134,6 +134,50 @@ def test_iter_batches_through_a_dataloader_with_workers(padded, stream_env, ctx)
         got = [int(i) for i in batch["id"]]
         assert batch["pad"].tolist() == [pad_of(i) for i in got]
         ids.extend(got)
+    assert sorted(ids) == list(range(N))
+
+
+def test_numeric_columns_are_the_batchs_own_to_write(padded, stream_env):
+    """The numeric arrays of a batch are writable and belong to that batch alone: writing to
+    them changes neither the other batches nor what a later epoch reads, also after their
+    memory has gone back to the pool and been reused."""
+    ds = shardstream.StreamingDataset(local=str(padded))
+    for _ in range(2):
+        kept = []
+        for batch in ds.iter_batches(8):
+            ids, x = batch["id"], batch["x"]
+            assert ids.flags.writeable and x.flags.writeable
+            assert [int(v) for v in x] == [3 * int(i) for i in ids]
+            x += 1  # in place, as a normalising transform would
+            ids[:] = -ids
+            owner = ids
+            while isinstance(owner, np.ndarray):
+                owner = owner.base
+            assert isinstance(owner, memoryview) and isinstance(owner.obj, shardstream._native.ColumnBuffer)
+            kept.append(batch)
+        got = np.concatenate([-b["id"] for b in kept])
+        assert sorted(got.tolist()) == list(range(N))
+        assert all((b["x"] == 3 * -b["id"] + 1).all() for b in kept)
+        del kept, batch, ids, x
+        gc.collect()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_default_conversion_gives_tensors_without_warnings(padded, stream_env, workers):
+    """`DataLoader(ds.iter_batches(n), batch_size=None)` (the default `collate_fn` converts each
+    numpy array to a tensor in place) warns about nothing, and the tensors hold the batch."""
+    ds = shardstream.StreamingDataset(local=str(padded), batch_size=8)
+    loader = DataLoader(ds.iter_batches(8), batch_size=None, num_workers=workers)
+    ids: list[int] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "The given NumPy array is not writable" included
+        for batch in loader:
+            assert isinstance(batch["id"], torch.Tensor) and isinstance(batch["x"], torch.Tensor)
+            got = batch["id"].tolist()
+            assert batch["x"].tolist() == [3 * i for i in got]
+            assert batch["pad"].tolist() == [pad_of(i) for i in got]
+            batch["x"].mul_(2)  # the tensor is the batch's own
+            ids.extend(got)
     assert sorted(ids) == list(range(N))
 
 
@@ -179,7 +223,7 @@ def test_iter_batches_yields_column_batches_that_pickle_to_equal_batches(padded,
         for name in ("id", "x"):
             assert again[name].dtype == batch[name].dtype and again[name].shape == batch[name].shape
             assert (again[name] == batch[name]).all()
-            assert again[name].flags.writeable and not batch[name].flags.writeable
+            assert again[name].flags.writeable and batch[name].flags.writeable
         assert (again["pad"].offsets == batch["pad"].offsets).all()
         assert again["pad"].tolist() == batch["pad"].tolist() and again["pad"].encoding == "bytes"
         assert again["note"] == ["kept", 1]
