@@ -111,27 +111,22 @@ impl Buffer {
             return Err(PyBufferError::new_err("a shardstream Buffer is read-only"));
         }
         let data = slf.get().data.as_ref();
-        let len = ffi::Py_ssize_t::try_from(data.len())
-            .map_err(|_| PyBufferError::new_err("buffer larger than Py_ssize_t"))?;
-        // SAFETY: the pointer stays valid for the view's whole life. `PyBuffer_FillInfo` stores
-        // a new reference to `slf` in `view.obj`, so the `Buffer` (and the `Bytes` it owns)
-        // lives until the consumer releases the view; the struct is frozen and `Bytes` is
-        // immutable, so the bytes behind the pointer never move or change. The view is
-        // read-only (`readonly = 1`), so no consumer writes through the `*mut` cast either.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
+        // SAFETY: the pointer stays valid for the view's whole life. `fill_view` stores a new
+        // reference to `slf` in `view.obj`, so the `Buffer` (and the `Bytes` it owns) lives
+        // until the consumer releases the view; the struct is frozen and `Bytes` is immutable,
+        // so the bytes behind the pointer never move or change. The view is read-only, so no
+        // consumer writes through the `*mut` cast either.
+        unsafe {
+            fill_view(
+                slf.py(),
                 slf.as_ptr(),
-                data.as_ptr() as *mut std::ffi::c_void,
-                len,
-                1,
+                view,
+                data.as_ptr().cast_mut(),
+                data.len(),
+                true,
                 flags,
             )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
         }
-        Ok(())
     }
 
     /// Nothing to free: the view's format string is static and CPython drops `view.obj`.
@@ -245,27 +240,12 @@ impl ColumnBuffer {
         }
         let data = slf.data.as_mut_slice();
         let (ptr, len) = (data.as_mut_ptr(), data.len());
-        let len = ffi::Py_ssize_t::try_from(len)
-            .map_err(|_| PyBufferError::new_err("buffer larger than Py_ssize_t"))?;
-        // SAFETY: `PyBuffer_FillInfo` stores a new reference to `slf` in `view.obj`, so the
-        // object, and the allocation it owns (never resized once filled), live until the
-        // consumer releases the view. The pointer comes from a `&mut` borrow: after this call
-        // the bytes are reached only through exported views (Python code, under the GIL), as a
+        // SAFETY: `fill_view` stores a new reference to `slf` in `view.obj`, so the object,
+        // and the allocation it owns (never resized once filled), live until the consumer
+        // releases the view. The pointer comes from a `&mut` borrow: after this call the bytes
+        // are reached only through exported views (Python code, under the GIL), as a
         // `bytearray`'s are; no Rust code reads or writes them until the object is dropped.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr as *mut std::ffi::c_void,
-                len,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { fill_view(slf.py(), slf.as_ptr(), view, ptr, len, false, flags) }
     }
 
     /// Nothing to free: the view's format string is static and CPython drops `view.obj`.
@@ -281,6 +261,40 @@ impl ColumnBuffer {
     fn __repr__(&self) -> String {
         format!("shardstream.ColumnBuffer({} bytes)", self.data.len())
     }
+}
+
+/// Fills `view` with `len` bytes at `ptr`, owned by `owner` (`PyBuffer_FillInfo`, which keeps a
+/// reference to `owner` in the view and refuses a writable request for a read-only view).
+///
+/// # Safety
+/// `view` is the non-null view CPython passed to `__getbuffer__`, and `ptr..ptr + len` stays
+/// valid (and, when `readonly`, unwritten) for as long as `owner` lives.
+unsafe fn fill_view(
+    py: Python<'_>,
+    owner: *mut ffi::PyObject,
+    view: *mut ffi::Py_buffer,
+    ptr: *mut u8,
+    len: usize,
+    readonly: bool,
+    flags: c_int,
+) -> PyResult<()> {
+    let len = ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyBufferError::new_err("buffer larger than Py_ssize_t"))?;
+    // SAFETY: the caller's contract above.
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner,
+            ptr.cast::<std::ffi::c_void>(),
+            len,
+            c_int::from(readonly),
+            flags,
+        )
+    };
+    if rc != 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(())
 }
 
 /// A `Buffer` over an arena slot another process shared (`Buffer._share`'s address): what a
