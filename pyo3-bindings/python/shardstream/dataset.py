@@ -172,6 +172,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     """
 
     _ramp = True  # instances pickled before `shuffle_ramp` existed have no attribute of their own
+    _iter_batch: int | None = None  # the current iteration's batch size (set by `_stream`)
     # Instances pickled before the prefetch existed have neither.
     _prefetch: _native.NativePrefetch | None = None
     _prefetch_pid: int | None = None
@@ -421,7 +422,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             # Called inside a DataLoader worker (torchdata's StatefulDataLoader does): this
             # worker's progress, relative to the iteration's common start.
             consumed = self._resume_start
-            batch = int(self.batch_size or 1)
+            batch = int(self._iter_batch or self.batch_size or 1)
             worker = {
                 "id": p.worker,
                 "workers": p.workers,
@@ -485,6 +486,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def _stream(self, batch_size: int, raw: bool):
         # The stream takes over: it joins the prefetch's downloads and fetches the rest.
         self._stop_prefetch()
+        self._iter_batch = batch_size
         p = placement()
         start, worker = self._resume_start, p.worker
         if self._worker_skip:
@@ -519,7 +521,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                     yield sample
         finally:
             stream.close()
-        if p.workers == 1:  # the epoch is over for this object: the next iteration is the next epoch
+        self._iteration_ended(p)
+
+    def _iteration_ended(self, p: Placement) -> None:
+        """An iteration ran to its end. In a single process the epoch is over for this object,
+        so the next iteration is the next epoch; a DataLoader worker's copy cannot tell the
+        others, so there `set_epoch` decides (docs/python.md)."""
+        if p.workers == 1:
             self._epoch += 1
             self._resume_start = 0
             self._yielded = 0
@@ -538,7 +546,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self, batch_size: int, columns: list[str] | None
     ) -> Iterator[ColumnBatch]:
         encodings = self.columns
-        stream, _ = self._stream(batch_size, raw=True)
+        stream, p = self._stream(batch_size, raw=True)
+        self._yielded = 0
         # In a DataLoader worker, variable columns cross to the main process through shared
         # memory (see `_reduce_buffer`).
         shared = in_dataloader_worker() and _worker_shm_enabled()
@@ -558,9 +567,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                     else:
                         offsets = np.frombuffer(shape_or_offsets, dtype="<u8")
                         out[name] = VarColumn(data, offsets, encodings[name])
+                self._yielded += count  # what `state_dict()` counts, as `__iter__` does
                 yield out
         finally:
             stream.close()
+        self._iteration_ended(p)
 
 
 def _process_of(p: Placement) -> dict:
@@ -604,6 +615,21 @@ class ColumnBatches(_Base):  # type: ignore[misc,valid-type]
 
     def __iter__(self) -> Iterator[ColumnBatch]:
         return self.dataset._column_batches(self.batch_size, self.columns)
+
+    # The dataset's resume and epoch calls, so that what holds only this object (torchdata's
+    # StatefulDataLoader asks its dataset, and in each worker that worker's copy) resumes exactly.
+    def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
+        """The dataset's `state_dict`: with no argument, this process's (or DataLoader worker's)
+        own count of the samples its batches held."""
+        return self.dataset.state_dict(num_samples, from_beginning)
+
+    def load_state_dict(self, obj: Mapping[str, Any]) -> None:
+        """The dataset's `load_state_dict`: the next iteration starts where the state left off."""
+        self.dataset.load_state_dict(obj)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The dataset's `set_epoch`."""
+        self.dataset.set_epoch(epoch)
 
 
 def open(url: str, **kwargs: Any) -> StreamingDataset:  # noqa: A001 - mirrors builtins.open on purpose
