@@ -437,9 +437,7 @@ impl PooledBuffer {
             pool: Some(Arc::clone(pool)),
         }
     }
-}
 
-impl PooledBuffer {
     /// The bytes, to write (the buffer's owner alone holds it).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         self.data.as_mut_slice()

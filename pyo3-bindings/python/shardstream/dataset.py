@@ -565,7 +565,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                             (count, *shape_or_offsets)
                         )
                     else:
-                        offsets = np.frombuffer(shape_or_offsets, dtype="<u8")
+                        offsets = np.frombuffer(shape_or_offsets, dtype=_OFFSETS)
                         out[name] = VarColumn(data, offsets, encodings[name])
                 self._yielded += count  # what `state_dict()` counts, as `__iter__` does
                 yield out
