@@ -1,5 +1,6 @@
-//! Local datasets read in place: they need no run id (nothing is downloaded), the error when one
-//! is needed names every way to give it, and `validate_hash` checks in-place shards.
+//! Local datasets need no run id (nothing is downloaded), whether read in place or decompressed
+//! into a folder of their own; the error when one is needed names every way to give it, and
+//! `validate_hash` checks in-place shards.
 //!
 //! One test in this binary: it clears the run id variables of its own process.
 
@@ -79,7 +80,58 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
     let again = StreamingDataset::open(local(raw.path(), cache.path())).unwrap();
     assert_eq!(again.cache_dir(), dir);
 
-    // 2. A dataset that must be copied into the cache (here: `copy_local`) needs a run id,
+    // 2. A compressed local dataset (Mosaic's `local=` without a `remote`) also opens without a
+    //    run id: its shards are decompressed into a folder of its own, named by its paths and
+    //    index, so that a dataset rewritten under the same paths never gets the old copies.
+    let zipped = tempfile::tempdir().unwrap();
+    let zspec = Spec {
+        compression: Some("zstd"),
+        ..Spec::small(300)
+    };
+    write_dataset(zipped.path(), &zspec);
+    let streamed = |ds: &StreamingDataset| {
+        let mut n = 0;
+        for item in ds.stream(plan()).unwrap() {
+            let item = item.unwrap();
+            check_sample(
+                item.index,
+                &item.sample.decode().unwrap(),
+                zspec.sample_bytes,
+            );
+            n += 1;
+        }
+        n
+    };
+    let ds = StreamingDataset::open(local(zipped.path(), cache.path())).unwrap();
+    let zdir = ds.cache_dir().to_path_buf();
+    let name = zdir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        zdir.starts_with(cache.path()) && name.starts_with("in-place-"),
+        "{}",
+        zdir.display()
+    );
+    assert_ne!(zdir, dir, "a folder of its own");
+    assert_eq!(streamed(&ds), zspec.samples);
+    assert!(
+        ds.cache_usage().unwrap() > 0,
+        "the decompressed shards are in it"
+    );
+    let again = StreamingDataset::open(local(zipped.path(), cache.path())).unwrap();
+    assert_eq!(again.cache_dir(), zdir, "the same files, the same folder");
+    drop((ds, again));
+    for entry in std::fs::read_dir(zipped.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let rewritten = Spec {
+        samples: 250,
+        ..zspec
+    };
+    write_dataset(zipped.path(), &rewritten);
+    let ds = StreamingDataset::open(local(zipped.path(), cache.path())).unwrap();
+    assert_ne!(ds.cache_dir(), zdir, "a rewritten dataset, a new folder");
+    assert_eq!(streamed(&ds), rewritten.samples);
+
+    // 3. A dataset that must be copied into the cache (here: `copy_local`) needs a run id,
     //    and the error says how to give one from Python, Rust or the environment.
     let err = StreamingDataset::open(StreamingConfig {
         copy_local: true,
@@ -104,7 +156,7 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
     .unwrap();
     assert_eq!(copied.cache_dir(), cache.path().join("r1").join("0"));
 
-    // 3. validate_hash checks shards read in place: a flipped byte (same size) in shard 1 is
+    // 4. validate_hash checks shards read in place: a flipped byte (same size) in shard 1 is
     //    an error naming it; without validate_hash only the size is checked.
     let shard1 = raw.path().join("shard.00001.mds");
     let mut bytes = std::fs::read(&shard1).unwrap();

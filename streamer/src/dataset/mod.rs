@@ -285,8 +285,13 @@ impl StreamingDataset {
             .then(|| resolve_cache_dir(&config, None));
         let copies = node_folder.as_ref().and_then(|r| r.as_deref().ok());
         let mut index_copies = Vec::new();
+        // What a dataset of local files only is, for the folder it gets without a run id: its
+        // indexes, so that a dataset rewritten under the same paths gets a new folder instead
+        // of the decompressed shards of the old one.
+        let mut indexes_hash = FNV_OFFSET;
         for (i, (location, weight)) in opened.into_iter().enumerate() {
             let (json, index, from_store) = load_index(&location, copies)?;
+            indexes_hash = fnv1a_from(indexes_hash, &json);
             let counts = loaded.add_stream(&config, &location, i, &index)?;
             let remote = location.local_root().is_none();
             if let (true, true, Some(dir)) = (from_store, remote, copies) {
@@ -304,12 +309,20 @@ impl StreamingDataset {
             locations.push(location);
         }
         let shape = DatasetShape::mixed(shapes, epoch_size, Sampling::Balanced)?;
-        // A dataset whose every shard is read in place downloads nothing, so it needs no run
-        // id (see `resolve_cache_dir`).
-        let in_place_key = (loaded.max_shard_bytes == 0).then(|| {
-            let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
-            urls.join("\n")
-        });
+        // A dataset made only of local files downloads nothing, so it needs no run id (see
+        // `resolve_cache_dir`): read in place, its folder holds only lock files and is named by
+        // its paths; compressed, it holds the shards decompressed from those files (as Mosaic's
+        // `local=` without a `remote` decompresses next to them) and is named by its paths and
+        // indexes. `copy_local` asks for copies in the run's cache, so it needs the run's id.
+        let in_place_key =
+            (!config.copy_local && locations.iter().all(|l| l.local_root().is_some())).then(|| {
+                let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
+                let mut key = urls.join("\n");
+                if loaded.max_shard_bytes > 0 {
+                    key.push_str(&format!("\n{:016x}", indexes_hash));
+                }
+                key
+            });
         let cache_dir = match (in_place_key, node_folder) {
             (None, Some(resolved)) => resolved?,
             (key, _) => resolve_cache_dir(&config, key.as_deref())?,
@@ -712,9 +725,10 @@ fn open_url(url: &str, retry_window: Duration) -> Result<Location> {
 }
 
 /// The node's cache folder: `local`, else `<root>/<run_id>/<node_rank>/` (DESIGN §4). A
-/// dataset made only of local paths read in place (`in_place_key` names them) downloads
-/// nothing, so it needs no run id: when none resolves, it gets a private folder keyed by its
-/// paths, `<root>/in-place-<hash>/`, which holds only the cache's lock files.
+/// dataset made only of local paths (`in_place_key` names them) downloads nothing, so it needs
+/// no run id: when none resolves, it gets a folder of its own keyed by its paths,
+/// `<root>/in-place-<hash>/`, which holds the cache's lock files and, for compressed shards,
+/// their decompressed copies (shared by the runs of the node that read the same files).
 fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Result<PathBuf> {
     if let Some(local) = &config.local {
         return Ok(local.clone());
@@ -772,8 +786,16 @@ fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Re
 }
 
 /// FNV-1a: a stable 64-bit name for a set of paths (not for security).
+/// FNV-1a's starting state.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+    fnv1a_from(FNV_OFFSET, bytes)
+}
+
+/// FNV-1a of `bytes` continued from the state `h` (of the bytes before them).
+fn fnv1a_from(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
