@@ -119,6 +119,39 @@ def test_stream_arguments_are_checked(two, stream_env):
         ])
 
 
+@pytest.mark.parametrize("case", ["proportion", "repeat+choose"])
+def test_mosaic_stream_objects_are_taken_as_they_are(two, stream_env, case):
+    """A mix built with Mosaic's own `streaming.Stream` (the switch changes only the
+    dataset's import) gives the same epoch as the same mix of `shardstream.Stream`s."""
+    from streaming import Stream as MosaicStream
+
+    weights, kw = CASES[case]
+    theirs = [MosaicStream(local=str(two / n), **w) for n, w in zip("ab", weights)]
+    ds = shardstream.StreamingDataset(streams=theirs, shuffle=True, shuffle_seed=5, batch_size=BATCH, **kw)
+    got = [(s["src"], int(s["id"])) for s in ds]
+    assert got == _ours(two, weights, workers=0, **kw)
+    with pytest.raises(TypeError, match="streams must hold"):
+        shardstream.StreamingDataset(streams=[str(two / "a")])
+
+
+def test_mosaic_stream_name_and_config(two, stream_env):
+    """Mosaic 0.13's `stream_name`/`stream_config`: its MDS stream ('stream') with extra Stream
+    arguments; a `repeat` sizes the epoch as Mosaic's does, and other stream kinds are refused."""
+    from streaming import StreamingDataset as MosaicDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    a = str(two / "a")
+    ds = shardstream.StreamingDataset(local=a, stream_name="stream", stream_config={"repeat": 2.0}, batch_size=BATCH)
+    clean_stale_shared_memory()
+    ref = MosaicDataset(local=a, stream_name="stream", stream_config={"repeat": 2.0}, batch_size=BATCH)
+    assert len(ds) == len(ref) == 2 * A_N
+    assert Counter(Counter(int(s["id"]) for s in ds).values()) == {2: A_N}
+    plain = shardstream.StreamingDataset(local=a, stream_config={"download_retry": 3, "local": "/elsewhere"})
+    assert plain.local == a and len(plain) == A_N
+    with pytest.raises(ValueError, match="stream_name='delta_sql' is not supported"):
+        shardstream.StreamingDataset(local=a, stream_name="delta_sql")
+
+
 def test_remote_streams_through_the_cache(two, stream_env, moto, monkeypatch):
     """Streams on the local S3 server, cached in the run's node cache: DataLoader workers (which
     open their own storage clients) stream the same mix as local streams do."""

@@ -51,6 +51,20 @@ _IGNORED_MOSAIC_ARGS = {
 }
 
 
+def _is_mosaic_stream(obj: Any) -> bool:
+    """Whether `obj` is a mosaicml-streaming `Stream` (or a subclass), without importing it."""
+    return any(c.__name__ == "Stream" and c.__module__.startswith("streaming.")
+               for c in type(obj).__mro__)
+
+
+def _as_stream(obj: Any) -> Stream:
+    if isinstance(obj, Stream):
+        return obj
+    if _is_mosaic_stream(obj):
+        return Stream._from_mosaic(obj)
+    raise TypeError(f"streams must hold shardstream.Stream (or streaming.Stream) objects, got {type(obj).__name__}")
+
+
 class VarColumn:
     """A variable-size column of a batch from `iter_batches`: all values' bytes end to end in
     one Rust-owned `Buffer` (`data`, read-only, no copy into Python) and `len + 1` offsets.
@@ -205,6 +219,21 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         prefetch_on_init: bool = True,
         **kwargs: Any,
     ) -> None:
+        # Mosaic 0.13 builds its one stream from a registry: "stream" (its MDS stream, and ours)
+        # with `stream_config` as extra Stream arguments; other names are Databricks' Delta tables.
+        stream_name = kwargs.pop("stream_name", "stream")
+        stream_config = kwargs.pop("stream_config", None)
+        if stream_name != "stream":
+            raise ValueError(f"stream_name={stream_name!r} is not supported: shardstream reads MDS "
+                             "datasets (Mosaic's stream_name='stream')")
+        if stream_config and streams is None:
+            # As Mosaic's, the dataset's own remote, local and split win over the config's.
+            config = {k: v for k, v in stream_config.items() if k not in ("remote", "local", "split")}
+            weights = {k: v for k, v in config.items() if k in ("proportion", "repeat", "choose")}
+            Stream(remote=remote, local=local, split=split, **config)  # checks the arguments
+            if weights:  # a repeat or choose sizes the epoch as it would one stream of a mix
+                streams = [Stream(remote=remote, local=local, split=split, **weights)]
+                remote = local = split = None
         unknown = set(kwargs) - _IGNORED_MOSAIC_ARGS
         if unknown:
             raise TypeError(f"StreamingDataset got unexpected arguments: {sorted(unknown)}")
@@ -219,8 +248,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError("streams must hold at least one Stream")
             if remote is not None or local is not None:
                 raise ValueError("give either streams or remote/local, not both")
-            if not all(isinstance(s, Stream) for s in streams):
-                raise TypeError("streams must be a list of shardstream.Stream")
+            streams = [_as_stream(s) for s in streams]
         elif remote is None and local is None:
             raise ValueError("StreamingDataset needs remote, local, or both")
         if epoch_size is not None:

@@ -65,6 +65,20 @@ class Stream:
         self.repeat = repeat
         self.choose = choose
 
+    @classmethod
+    def _from_mosaic(cls, stream: Any) -> Stream:
+        """The same stream from a mosaicml-streaming `streaming.Stream`, so that a mix built with
+        Mosaic's class works unchanged: its remote, the `local` it was given (Mosaic fills in a
+        temporary folder when none was), split and weight."""
+        return cls(
+            remote=stream.remote,
+            local=getattr(stream, "_local", None),
+            split=stream.split or None,
+            proportion=getattr(stream, "_proportion", None),
+            repeat=getattr(stream, "_repeat", None),
+            choose=getattr(stream, "_choose", None),
+        )
+
     def _native_spec(self) -> tuple[str, str | None, str, float]:
         """`(dataset, split, weight kind, weight value)` as `NativeDataset(streams=...)` takes it."""
         where = self.remote if self.remote is not None else self.local
