@@ -57,3 +57,30 @@ def test_writer_rejects_bad_values(tmp_path):
         w.write({"a": 1, "b": 3})
     with pytest.raises(ValueError, match='column "c"'):
         shardstream.ShardWriter(str(tmp_path / "y"), {"c": "nope"})
+
+
+def test_writer_refuses_a_folder_that_is_not_empty_unless_exist_ok(tmp_path):
+    """As Mosaic's MDSWriter: writing into a folder that holds something is a FileExistsError
+    naming it, and the dataset already there is untouched; `exist_ok=True` replaces its contents
+    (no shard of the old dataset is left beside the new one). `retry` is accepted too."""
+    from streaming import StreamingDataset
+
+    out = tmp_path / "ds"
+    with shardstream.ShardWriter(out=str(out), columns={"i": "int"}, size_limit=64, retry=3) as w:
+        for i in range(40):
+            w.write({"i": i})
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert len(before) > 3
+    for target in (str(out), f"file://{out}"):
+        with pytest.raises(FileExistsError, match=f"Directory is not empty: {out}"):
+            shardstream.ShardWriter(out=target, columns={"i": "int"})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "nothing already written is lost"
+
+    with pytest.warns(UserWarning, match="exist_ok=True"):
+        w = shardstream.ShardWriter(out=str(out), columns={"i": "int"}, exist_ok=True)
+    with w:
+        for i in range(3):
+            w.write({"i": 100 + i})
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard.00000.mds"]
+    got = sorted(int(s["i"]) for s in StreamingDataset(local=str(out), batch_size=1))
+    assert got == [100, 101, 102]

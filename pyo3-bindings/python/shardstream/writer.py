@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import warnings
 from typing import Any, Mapping
+from urllib.parse import unquote, urlparse
 
 from shardstream import _native
 from shardstream._units import parse_bytes
@@ -35,10 +39,11 @@ class ShardWriter:
             local, remote = out
             out = remote if remote else local
         if kwargs:
-            unknown = set(kwargs) - {"progress_bar", "max_workers", "exist_ok"}
+            unknown = set(kwargs) - {"progress_bar", "max_workers", "exist_ok", "retry"}
             if unknown:
                 raise TypeError(f"ShardWriter got unexpected arguments: {sorted(unknown)}")
         self.out = str(out)
+        _prepare_local_folder(self.out, bool(kwargs.get("exist_ok", False)))
         self.columns = dict(columns)
         self.keep_local = keep_local
         self._native = _native.NativeShardWriter(
@@ -74,3 +79,27 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None and not self._finished:
             self.finish()
+
+
+def _local_folder(out: str) -> str | None:
+    """The folder `out` names on this machine (a path or a `file://` URL); None for a store."""
+    if out.startswith("file://"):
+        return unquote(urlparse(out).path)
+    if "://" in out:
+        return None
+    return os.path.expanduser(out)
+
+
+def _prepare_local_folder(out: str, exist_ok: bool) -> None:
+    """As Mosaic's `MDSWriter`: a local folder that is not empty is refused
+    (`FileExistsError`), so that a second conversion never overwrites a dataset by mistake;
+    with `exist_ok=True` its contents are removed first, so that no shard of the old dataset
+    is left beside the new one."""
+    folder = _local_folder(out)
+    if folder is None or not os.path.isdir(folder) or not os.listdir(folder):
+        return
+    if not exist_ok:
+        raise FileExistsError(f"Directory is not empty: {folder} (pass exist_ok=True to replace "
+                              "what it holds)")
+    warnings.warn(f"{folder} is not empty; exist_ok=True: removing its contents", stacklevel=3)
+    shutil.rmtree(folder)
