@@ -28,8 +28,18 @@ __all__ = [
     "ShardstreamError",
     "StorageError",
     "Stream",
+    "StreamingDataLoader",
     "StreamingDataset",
     "VarColumn",
     "open",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # Imported on first use: it needs torch, which the rest of the package does not.
+    if name == "StreamingDataLoader":
+        from shardstream.dataloader import StreamingDataLoader
+
+        return StreamingDataLoader
+    raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
