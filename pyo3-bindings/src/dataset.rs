@@ -275,6 +275,16 @@ impl NativeDataset {
             .collect()
     }
 
+    /// Shards of each stream, in order.
+    fn stream_shards(&self) -> Vec<u64> {
+        self.ds
+            .shape()
+            .streams()
+            .iter()
+            .map(|e| e.shape.num_shards() as u64)
+            .collect()
+    }
+
     /// Sample `index` decoded as Mosaic decodes it (fetches its shard if needed).
     fn get<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
         let n = self.ds.num_samples();

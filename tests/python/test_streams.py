@@ -134,6 +134,27 @@ def test_mosaic_stream_objects_are_taken_as_they_are(two, stream_env, case):
         shardstream.StreamingDataset(streams=[str(two / "a")])
 
 
+def test_layout_attributes_equal_mosaics(two, stream_env):
+    """Mosaic's layout attributes (code that maps a sample index to its shard or stream reads
+    them) hold the same values, as int64 arrays, for a two-stream mix."""
+    import numpy as np
+    from streaming import Stream, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    ours = shardstream.StreamingDataset(streams=[shardstream.Stream(local=str(two / n)) for n in "ab"],
+                                        batch_size=BATCH)
+    clean_stale_shared_memory()
+    theirs = StreamingDataset(streams=[Stream(local=str(two / n)) for n in "ab"], batch_size=BATCH)
+    for name in ("samples_per_shard", "sample_offset_per_shard", "shards_per_stream",
+                 "shard_offset_per_stream", "sample_offset_per_stream", "stream_per_shard"):
+        got, want = getattr(ours, name), getattr(theirs, name)
+        assert isinstance(got, np.ndarray) and got.dtype == np.int64, name
+        assert got.tolist() == np.asarray(want).tolist(), name
+    for name in ("num_shards", "num_streams", "size", "length"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.get_item(A_N + 3) == {"id": 3, "src": "b"} == theirs.get_item(A_N + 3)
+
+
 def test_mosaic_stream_name_and_config(two, stream_env):
     """Mosaic 0.13's `stream_name`/`stream_config`: its MDS stream ('stream') with extra Stream
     arguments; a `repeat` sizes the epoch as Mosaic's does, and other stream kinds are refused."""

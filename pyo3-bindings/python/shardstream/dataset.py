@@ -356,6 +356,58 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """Samples in each stream (one entry without `streams`), as Mosaic's attribute."""
         return [n for n, _ in self._native().stream_sizes()]
 
+    # Mosaic's names for the dataset's layout, as numpy int64 arrays like Mosaic's (code that
+    # maps a sample index to its shard or stream reads them).
+    @property
+    def size(self) -> int:
+        """Samples in the dataset (Mosaic's `size`, the same as `num_samples`)."""
+        return self.num_samples
+
+    @property
+    def length(self) -> int:
+        """Samples this process yields in an epoch (Mosaic's `length`, the same as `len`)."""
+        return len(self)
+
+    @property
+    def num_shards(self) -> int:
+        return self._native().num_shards
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._native().stream_shards())
+
+    @property
+    def samples_per_shard(self) -> np.ndarray:
+        return np.asarray(self._native().shard_sizes(), dtype=np.int64)
+
+    @property
+    def sample_offset_per_shard(self) -> np.ndarray:
+        sizes = self.samples_per_shard
+        return np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if len(sizes) else sizes
+
+    @property
+    def shards_per_stream(self) -> np.ndarray:
+        return np.asarray(self._native().stream_shards(), dtype=np.int64)
+
+    @property
+    def shard_offset_per_stream(self) -> np.ndarray:
+        shards = self.shards_per_stream
+        return np.concatenate(([0], np.cumsum(shards)[:-1])).astype(np.int64)
+
+    @property
+    def sample_offset_per_stream(self) -> np.ndarray:
+        samples = np.asarray(self.samples_per_stream, dtype=np.int64)
+        return np.concatenate(([0], np.cumsum(samples)[:-1])).astype(np.int64)
+
+    @property
+    def stream_per_shard(self) -> np.ndarray:
+        shards = self.shards_per_stream
+        return np.repeat(np.arange(len(shards), dtype=np.int64), shards)
+
+    def get_item(self, index: int) -> dict:
+        """Sample `index` (Mosaic's name for `ds[index]`)."""
+        return self[index]
+
     @property
     def choose_per_stream(self) -> list[int]:
         """Samples each stream gives an epoch: its weight resolved as Mosaic resolves it."""
