@@ -195,3 +195,13 @@ def test_remote_streams_through_the_cache(two, stream_env, moto, monkeypatch):
     assert remote == _ours(two, weights), "remote streams gave another mix than local ones"
     cached = [p for p in __import__("pathlib").Path(ds.cache_dir).rglob("*") if p.is_file()]
     assert cached, "the remote streams' shards were not cached in the run's node cache"
+
+
+def test_paths_may_be_pathlib(two, stream_env, tmp_path):
+    """`remote`, `local` and `cache_root` (of a dataset or a stream) may be `pathlib.Path`s."""
+    ds = shardstream.StreamingDataset(local=two / "a", cache_root=tmp_path / "root")
+    assert ds.local == str(two / "a") and len(list(ds)) == A_N
+    ds = shardstream.StreamingDataset(remote=two / "b")
+    assert sorted(int(s["id"]) for s in ds) == list(range(B_N))
+    mix = shardstream.StreamingDataset(streams=[shardstream.Stream(local=two / n) for n in "ab"])
+    assert mix.samples_per_stream == [A_N, B_N]

@@ -51,6 +51,11 @@ _IGNORED_MOSAIC_ARGS = {
 }
 
 
+def _path_text(where: Any) -> Any:
+    """A `pathlib.Path` (any `os.PathLike`) as the path text the engine takes; else as given."""
+    return os.fspath(where) if isinstance(where, os.PathLike) else where
+
+
 def _is_mosaic_stream(obj: Any) -> bool:
     """Whether `obj` is a mosaicml-streaming `Stream` (or a subclass), without importing it."""
     return any(c.__name__ == "Stream" and c.__module__.startswith("streaming.")
@@ -193,8 +198,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def __init__(
         self,
-        remote: str | None = None,
-        local: str | None = None,
+        remote: str | os.PathLike[str] | None = None,
+        local: str | os.PathLike[str] | None = None,
         *,
         streams: Sequence[Stream] | None = None,
         epoch_size: int | None = None,
@@ -212,13 +217,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         shuffle_window: int | None = None,
         shuffle_ramp: bool = True,
         remainder: str = "pad",
-        cache_root: str | None = None,
+        cache_root: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
         node_rank: int | None = None,
         zero_copy: bool = False,
         prefetch_on_init: bool = True,
         **kwargs: Any,
     ) -> None:
+        remote, local, cache_root = (_path_text(x) for x in (remote, local, cache_root))
         # Mosaic 0.13 builds its one stream from a registry: "stream" (its MDS stream, and ours)
         # with `stream_config` as extra Stream arguments; other names are Databricks' Delta tables.
         stream_name = kwargs.pop("stream_name", "stream")

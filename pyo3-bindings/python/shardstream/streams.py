@@ -16,6 +16,7 @@ deterministic for a seed and resumable like a single dataset.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 # Mosaic `Stream` arguments accepted for a one-line switch and not needed here: the engine has
@@ -35,8 +36,8 @@ class Stream:
     def __init__(
         self,
         *,
-        remote: str | None = None,
-        local: str | None = None,
+        remote: str | os.PathLike[str] | None = None,
+        local: str | os.PathLike[str] | None = None,
         split: str | None = None,
         proportion: float | None = None,
         repeat: float | None = None,
@@ -48,6 +49,7 @@ class Stream:
             raise TypeError(f"Stream got unexpected arguments: {sorted(unknown)}")
         if remote is None and local is None:
             raise ValueError("Stream needs remote, local, or both")
+        remote, local = (os.fspath(x) if isinstance(x, os.PathLike) else x for x in (remote, local))
         given = [(k, v) for k, v in (("proportion", proportion), ("repeat", repeat),
                                      ("choose", choose)) if v is not None]
         if len(given) > 1:
