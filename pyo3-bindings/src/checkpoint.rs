@@ -109,10 +109,10 @@ fn to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
         CoreError::ChecksumMismatch { .. } | CoreError::SizeMismatch { .. } => {
-            errors::HashMismatchError::new_err(msg)
+            errors::HASH_MISMATCH.new_err(msg)
         }
-        CoreError::InvalidManifest { .. } => errors::CorruptDataError::new_err(msg),
-        CoreError::MissingObject { .. } => errors::NotFoundError::new_err(msg),
+        CoreError::InvalidManifest { .. } => errors::CORRUPT_DATA.new_err(msg),
+        CoreError::MissingObject { .. } => errors::NOT_FOUND.new_err(msg),
         CoreError::Store { .. } | CoreError::Location { .. } => errors::StorageError::new_err(msg),
         _ => errors::CheckpointError::new_err(msg),
     }

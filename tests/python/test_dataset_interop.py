@@ -127,6 +127,28 @@ def test_errors_name_the_file(tmp_path, stream_env, moto, monkeypatch):
         shardstream.StreamingDataset(local=str(data))
 
 
+def test_errors_are_also_the_builtin_python_code_catches(tmp_path, stream_env):
+    """A missing dataset is also a FileNotFoundError and corrupt data also a ValueError (what
+    Mosaic raises for a checksum failure), so `except FileNotFoundError:` around a load works;
+    both still are ShardstreamErrors, and pickle (DataLoader workers send them) keeps the class."""
+    import pickle
+
+    with pytest.raises(FileNotFoundError, match="index.json") as missing:
+        shardstream.StreamingDataset(local=str(tmp_path / "missing"))
+    assert isinstance(missing.value, shardstream.NotFoundError)
+    data = tmp_path / "mds"
+    write_mosaic(data, 9)
+    (data / "index.json").write_text("{not json")
+    with pytest.raises(ValueError, match="index.json") as corrupt:
+        shardstream.StreamingDataset(local=str(data))
+    assert isinstance(corrupt.value, shardstream.CorruptDataError)
+    assert issubclass(shardstream.HashMismatchError, ValueError)
+    for err in (missing.value, corrupt.value, shardstream.HashMismatchError("shard.00000.mds: sha1 differs")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+        assert isinstance(back, shardstream.ShardstreamError)
+
+
 def test_undecodable_column_names_shard_and_column(tmp_path, stream_env):
     from streaming import MDSWriter
 
