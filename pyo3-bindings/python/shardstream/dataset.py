@@ -56,6 +56,12 @@ def _path_text(where: Any) -> Any:
     return os.fspath(where) if isinstance(where, os.PathLike) else where
 
 
+def _starts(counts: Any) -> np.ndarray:
+    """Where each of consecutive runs of `counts` items starts (int64, as Mosaic's offsets)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.cumsum(counts) - counts
+
+
 def _is_mosaic_stream(obj: Any) -> bool:
     """Whether `obj` is a mosaicml-streaming `Stream` (or a subclass), without importing it."""
     return any(c.__name__ == "Stream" and c.__module__.startswith("streaming.")
@@ -388,8 +394,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     @property
     def sample_offset_per_shard(self) -> np.ndarray:
-        sizes = self.samples_per_shard
-        return np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if len(sizes) else sizes
+        return _starts(self.samples_per_shard)
 
     @property
     def shards_per_stream(self) -> np.ndarray:
@@ -397,13 +402,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     @property
     def shard_offset_per_stream(self) -> np.ndarray:
-        shards = self.shards_per_stream
-        return np.concatenate(([0], np.cumsum(shards)[:-1])).astype(np.int64)
+        return _starts(self.shards_per_stream)
 
     @property
     def sample_offset_per_stream(self) -> np.ndarray:
-        samples = np.asarray(self.samples_per_stream, dtype=np.int64)
-        return np.concatenate(([0], np.cumsum(samples)[:-1])).astype(np.int64)
+        return _starts(self.samples_per_stream)
 
     @property
     def stream_per_shard(self) -> np.ndarray:
