@@ -1,31 +1,50 @@
-"""Byte sizes written the way Mosaic accepts them: an int, or text such as `"512mb"`, `"20GiB"`."""
+"""Byte sizes written the way Mosaic accepts them: an int, or text such as `"512mb"`, `"20GiB"`.
+
+Every unit is a power of 1024, as in Mosaic's `bytes_to_int` (`size_limit="64mb"` is 64 MiB, and
+the index records 67108864) and the CLI's sizes: a limit or shard size must not change when a
+script moves from Mosaic to shardstream or from the command line to Python.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "kib": 2**10,
-    "m": 10**6, "mb": 10**6, "mib": 2**20,
-    "g": 10**9, "gb": 10**9, "gib": 2**30,
-    "t": 10**12, "tb": 10**12, "tib": 2**40,
-}
+_PREFIXES = "kmgtpe"  # 1024 ** (index + 1)
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
 
 
-def parse_bytes(value: int | str | None, name: str) -> int | None:
-    """`None` stays `None`; ints pass; `"100gb"` (decimal) and `"20GiB"` (binary) are parsed."""
+def _unit_power(unit: str) -> int | None:
+    """`kb`, `KiB`, `k` -> 1, `mb` -> 2, ...; `b` or nothing -> 0; None for anything else."""
+    unit = unit.lower()
+    if unit in ("", "b"):
+        return 0
+    for suffix in ("ib", "b", ""):
+        prefix = unit[: len(unit) - len(suffix)]
+        if unit.endswith(suffix) and len(prefix) == 1 and prefix in _PREFIXES:
+            return _PREFIXES.index(prefix) + 1
+    return None
+
+
+def parse_bytes(value: int | float | str | None, name: str) -> int | None:
+    """`None` stays `None`; ints pass (floats are truncated, as Mosaic's); `"100gb"` and
+    `"20GiB"` are parsed, both binary."""
     if value is None:
         return None
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a byte count, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite byte count, got {value}")
+        value = int(value)
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
         return value
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        m = _SIZE.fullmatch(value)
+        power = _unit_power(m.group(2)) if m else None
+        if m and power is not None:
+            return int(float(m.group(1)) * 1024**power)
         raise ValueError(f"{name}: cannot read {value!r} as a byte size (e.g. 512mb, 20GiB)")
     raise TypeError(f"{name} must be an int or a string such as '512mb', got {type(value).__name__}")
