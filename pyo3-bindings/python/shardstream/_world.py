@@ -36,6 +36,21 @@ class Placement:
     def global_rank(self) -> int:
         return self.node * self.processes_per_node + self.local_process
 
+    def replicated(self, replication: int) -> Placement:
+        """The placement of this process's replication group (Mosaic's `replication`): each
+        `replication` consecutive ranks see the same samples, so the samples are split over
+        `processes // replication` groups, laid out on nodes as Mosaic's `World.replicate` lays
+        them (on one node when the groups do not fill whole nodes)."""
+        if replication < 1:
+            raise ValueError(f"replication must be a positive number of ranks, got {replication}")
+        if self.processes % replication:
+            raise ValueError(f"replication={replication} does not divide the world of {self.processes} processes")
+        rank, ranks = self.global_rank // replication, self.processes // replication
+        nodes = ranks // self.processes_per_node if ranks % self.processes_per_node == 0 else 1
+        per_node = ranks // nodes
+        return Placement(nodes=nodes, processes_per_node=per_node, node=rank // per_node,
+                         local_process=rank % per_node, workers=self.workers, worker=self.worker)
+
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)

@@ -16,15 +16,14 @@ from typing import Any, Iterator
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from shardstream._world import placement
 from shardstream.dataset import ColumnBatches, StreamingDataset
 
 
 class StreamingDataLoader(DataLoader):
     """A torch `DataLoader` that tracks the samples this rank has yielded in the current
     iteration, so that `state_dict()` saves where the whole job is in the epoch (this rank's
-    count times the number of ranks, as Mosaic's) and `load_state_dict()` resumes a new
-    loader there, also at another world size."""
+    count times the number of ranks, or of replication groups, as Mosaic's) and
+    `load_state_dict()` resumes a new loader there, also at another world size."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,7 +56,10 @@ class StreamingDataLoader(DataLoader):
         dataset = self._streaming()
         if dataset is None:
             return None
-        return dataset.state_dict(self.num_samples_yielded * placement().processes, False)
+        # Ranks of one replication group yield the same samples: the job consumed this rank's
+        # count times the number of groups (Mosaic divides by `replication` too).
+        streaming = dataset.dataset if isinstance(dataset, ColumnBatches) else dataset
+        return dataset.state_dict(self.num_samples_yielded * streaming._placement().processes, False)
 
     def load_state_dict(self, obj: Mapping[str, Any]) -> None:
         """Resumes the dataset from a `state_dict`: the next iteration starts where it was."""

@@ -47,7 +47,7 @@ DEFAULT_WINDOW = 16
 _IGNORED_MOSAIC_ARGS = {
     "download_retry", "download_timeout", "keep_zip",
     "sampling_method", "sampling_granularity", "partition_algo", "shuffle_algo",
-    "batching_method", "replication", "allow_unsafe_types_in_streams",
+    "batching_method", "allow_unsafe_types_in_streams",
 }
 
 
@@ -228,6 +228,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         node_rank: int | None = None,
         zero_copy: bool = False,
         prefetch_on_init: bool = True,
+        replication: int | None = None,
         **kwargs: Any,
     ) -> None:
         remote, local, cache_root = (_path_text(x) for x in (remote, local, cache_root))
@@ -281,6 +282,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self.remainder = remainder
         self.streams = streams
         self.zero_copy = bool(zero_copy)
+        self.replication = None if replication is None else int(replication)
+        if self.replication is not None:
+            placement().replicated(self.replication)  # a factor that does not fit fails here
         specs = [s._native_spec() for s in streams] if streams is not None else None
         self._open_args = dict(
             remote=specs[0][0] if specs else (remote if remote is not None else local),
@@ -332,7 +336,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         workers forked or spawned later find them in the node's cache or join them as they
         arrive (docs/python.md, "Prefetch at construction"). Replaces an earlier one."""
         self._stop_prefetch()
-        p = placement()
+        p = self._placement()
         order = self._order(p, fix=False)  # lanes and window are fixed at the first iteration
         self._prefetch = self._native().prefetch(
             epoch=self._epoch, start=self._resume_start, max_shards=max(1, order["window"]),
@@ -441,6 +445,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """This process's engine counters (fetched bytes, cache hits, memory in use, ...)."""
         return self._native().metrics()
 
+    def _placement(self) -> Placement:
+        """This process's placement; with `replication`, its replication group's."""
+        p = placement()
+        return p.replicated(self.replication) if self.replication else p
+
     def _order(self, p: Placement, fix: bool = True) -> dict:
         """The order's settings; with `fix`, lanes and window are kept for the rest of the run."""
         lanes = self._lanes
@@ -471,7 +480,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def __len__(self) -> int:
         """Samples this process yields in an epoch (its DataLoader workers together)."""
-        p = placement()
+        p = self._placement()
         n = self._native().epoch_len(epoch=self._epoch, **self._order(p))
         if self.remainder == "pad":
             return -(-n // p.processes)
@@ -504,7 +513,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         samples the whole job consumed in this epoch (all ranks: steps x batch x world), counted
         from the epoch's start (`from_beginning`) or from where this run resumed. Without it,
         this process's own count is used (exact with `num_workers=0`)."""
-        p = placement()
+        p = self._placement()
         order = self._order(p)
         worker = None
         if num_samples is None and p.workers > 1:
@@ -551,11 +560,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))
             self._lanes = int(obj.get("num_canonical_nodes") or self._lanes or 1)
             epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
-            epoch_len = self._native().epoch_len(epoch=epoch, **self._order(placement()))
+            epoch_len = self._native().epoch_len(epoch=epoch, **self._order(self._placement()))
         self._worker_skip = 0
         worker = obj.get("worker")
         if worker is not None:
-            p = placement()
+            p = self._placement()
             if (worker["id"], worker["workers"]) != (p.worker, p.workers):
                 raise ValueError(
                     f"this state is DataLoader worker {worker['id']} of {worker['workers']}'s; "
@@ -576,7 +585,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         # The stream takes over: it joins the prefetch's downloads and fetches the rest.
         self._stop_prefetch()
         self._iter_batch = batch_size
-        p = placement()
+        p = self._placement()
         start, worker = self._resume_start, p.worker
         if self._worker_skip:
             # This worker already yielded batches w, w + W, ... (k of them): start the stream at
