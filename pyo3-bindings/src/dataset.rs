@@ -207,6 +207,17 @@ impl NativeDataset {
         let specs = streams
             .map(|s| s.into_iter().map(stream_spec).collect::<PyResult<Vec<_>>>())
             .transpose()?;
+        // Mosaic's `epoch_size` also resizes the epoch of a lone dataset: it is then a mix of
+        // one stream, whose sampling (each sample `f` times plus a fresh subset) is the mix's.
+        let specs = match (specs, epoch_size) {
+            (None, Some(_)) => Some(vec![StreamSpec {
+                remote: config.remote.clone(),
+                split: config.split.clone(),
+                weight: Weight::Natural,
+                location: None,
+            }]),
+            (specs, _) => specs,
+        };
         let ds = interruptible(py, move || match specs {
             Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
             None => StreamingDataset::open(config),

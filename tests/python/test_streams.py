@@ -155,6 +155,24 @@ def test_layout_attributes_equal_mosaics(two, stream_env):
     assert ours.get_item(A_N + 3) == {"id": 3, "src": "b"} == theirs.get_item(A_N + 3)
 
 
+@pytest.mark.parametrize("epoch_size", [300, 50])
+def test_epoch_size_resizes_a_lone_dataset_as_mosaic(two, stream_env, epoch_size):
+    """`epoch_size` without `streams` (it was ignored: every epoch held the dataset once): the
+    epoch has that many samples, each sample `f` times plus a fresh subset, as in Mosaic."""
+    from streaming import StreamingDataset as MosaicDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    a = str(two / "a")
+    ds = shardstream.StreamingDataset(local=a, epoch_size=epoch_size, shuffle=True, batch_size=BATCH)
+    ours = Counter(int(s["id"]) for s in ds)
+    clean_stale_shared_memory()
+    ref = MosaicDataset(local=a, epoch_size=epoch_size, shuffle=True, batch_size=BATCH, num_canonical_nodes=1)
+    theirs = Counter(int(s["id"]) for s in ref)
+    assert len(ds) == ds.epoch_size == len(ref) == epoch_size
+    assert sum(ours.values()) == sum(theirs.values()) == epoch_size
+    assert sorted(Counter(ours.values()).items()) == sorted(Counter(theirs.values()).items())
+
+
 def test_mosaic_stream_name_and_config(two, stream_env):
     """Mosaic 0.13's `stream_name`/`stream_config`: its MDS stream ('stream') with extra Stream
     arguments; a `repeat` sizes the epoch as Mosaic's does, and other stream kinds are refused."""

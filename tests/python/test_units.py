@@ -1,7 +1,8 @@
-"""Byte sizes given as text mean what they mean in Mosaic: every unit a power of 1024
-(`bytes_to_int`), so a `size_limit="16kb"` writes the shards (and the index's `size_limit`) that
-Mosaic's `MDSWriter` writes, and a `cache_limit="10gb"` is the same limit after the switch. The
-binary spellings (`GiB`) and bare prefixes (`g`) that the CLI takes are accepted too."""
+"""Sizes and counts given as text mean what they mean in Mosaic. Byte sizes: every unit a power
+of 1024 (`bytes_to_int`), so a `size_limit="16kb"` writes the shards (and the index's
+`size_limit`) that Mosaic's `MDSWriter` writes, and a `cache_limit="10gb"` is the same limit after
+the switch; the binary spellings (`GiB`) and bare prefixes (`g`) that the CLI takes are accepted
+too. Sample counts (`epoch_size`): decimal suffixes (`number_abbrev_to_int`), `"100k"`, `"2b"`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pytest
 
 import shardstream
-from shardstream._units import parse_bytes
+from shardstream._units import parse_bytes, parse_count
 
 
 @pytest.mark.parametrize("text", ["300b", "64kb", "100mb", "1.5gb", "10GB", "1 tb", "2pb", 4096, 3.7])
@@ -46,3 +47,25 @@ def test_writer_size_limit_text_writes_mosaics_shards(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == names and len(names) > 2
     for name in names:
         assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("text", ["100k", "1.5m", "2b", "1t", "300", 77, 12.9, " 4K "])
+def test_sample_counts_parse_as_mosaic_parses_them(text):
+    from streaming.base.util import number_abbrev_to_int
+
+    assert parse_count(text, "epoch_size") == number_abbrev_to_int(text)
+
+
+@pytest.mark.parametrize("bad", ["1kb", "k", "-5", "1e3", "many"])
+def test_bad_counts_name_the_argument(bad):
+    with pytest.raises(ValueError, match="epoch_size"):
+        parse_count(bad, "epoch_size")
+
+
+def test_epoch_size_text(tmp_path, stream_env):
+    from conftest import write_ids
+
+    write_ids(tmp_path / "mds", 30)
+    ds = shardstream.StreamingDataset(local=str(tmp_path / "mds"), epoch_size="0.05k")
+    assert ds.epoch_size == len(ds) == 50
+    assert len(list(ds)) == 50

@@ -48,3 +48,29 @@ def parse_bytes(value: int | float | str | None, name: str) -> int | None:
             return int(float(m.group(1)) * 1024**power)
         raise ValueError(f"{name}: cannot read {value!r} as a byte size (e.g. 512mb, 20GiB)")
     raise TypeError(f"{name} must be an int or a string such as '512mb', got {type(value).__name__}")
+
+
+_COUNT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmbtKMBT]?)\s*")
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def parse_count(value: int | float | str | None, name: str) -> int | None:
+    """A number of samples as Mosaic's `number_abbrev_to_int` reads it: an int (floats are
+    truncated), or text with a decimal suffix, `"100k"`, `"1.5m"`, `"2b"` (billions), `"1t"`."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of samples, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number of samples, got {value}")
+        value = int(value)
+    if isinstance(value, str):
+        m = _COUNT.fullmatch(value)
+        if not m:
+            raise ValueError(f"{name}: cannot read {value!r} as a number of samples (e.g. 500000, 100k, 1.5m)")
+        value = int(float(m.group(1)) * _COUNT_UNITS[m.group(2).lower()])
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return value

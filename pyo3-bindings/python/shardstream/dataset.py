@@ -16,7 +16,7 @@ import numpy as np
 
 from shardstream import _native
 from shardstream._native import Buffer
-from shardstream._units import parse_bytes
+from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, placement
 from shardstream.streams import Stream
 
@@ -208,7 +208,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         local: str | os.PathLike[str] | None = None,
         *,
         streams: Sequence[Stream] | None = None,
-        epoch_size: int | None = None,
+        epoch_size: int | str | None = None,
         split: str | None = None,
         shuffle: bool = False,
         shuffle_seed: int = DEFAULT_SEED,
@@ -264,10 +264,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             streams = [_as_stream(s) for s in streams]
         elif remote is None and local is None:
             raise ValueError("StreamingDataset needs remote, local, or both")
-        if epoch_size is not None:
-            epoch_size = int(epoch_size)
-            if epoch_size < 0:
-                raise ValueError(f"epoch_size must not be negative, got {epoch_size}")
+        epoch_size = parse_count(epoch_size, "epoch_size")
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
         self.remote = remote
