@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from shardstream import _native
+from shardstream._epochs import EpochRecords
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, placement
@@ -308,6 +310,10 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._resume_start = 0  # positions of self._epoch consumed before this run
         self._yielded = 0  # samples this process (or worker) yielded in the current iteration
         self._worker_skip = 0  # batches this DataLoader worker had yielded (StatefulDataLoader)
+        # Which epochs this object's DataLoader workers started and finished (shardstream._epochs);
+        # a new lineage at each explicit choice of the epoch, all removed with this object.
+        self._lineages = [EpochRecords()]
+        weakref.finalize(self, _discard_lineages, self._lineages)
         self._native()  # open now: a bad URL or index fails here, not in a worker
         if prefetch_on_init:
             self._start_prefetch()
@@ -490,8 +496,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     # -- epochs and resume ----------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch the next iteration streams (each epoch has its own shuffle). Call
-        it before every epoch when the DataLoader has workers, as with `DistributedSampler`."""
+        """Selects the epoch the next iteration streams (each epoch has its own shuffle). Without
+        it, each iteration streams the next epoch, also through DataLoader workers."""
+        self._lineages.append(EpochRecords())
         changed = epoch != self._epoch
         if changed:
             self._resume_start = 0
@@ -502,14 +509,24 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     @property
     def epoch(self) -> int:
-        """The epoch the next (or current) iteration streams."""
+        """The epoch the current iteration streams (the next one, between iterations of a
+        single process)."""
+        self._catch_up()
         return self._epoch
+
+    def _catch_up(self) -> None:
+        """Moves this object to the latest epoch its DataLoader workers started (they stream
+        copies of it, which move to the next epoch by themselves)."""
+        latest = self._lineages[-1].latest_started()
+        if latest is not None and latest > self._epoch:
+            self._epoch, self._resume_start, self._yielded, self._worker_skip = latest, 0, 0, 0
 
     def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
         """The position to resume from, as Mosaic's `state_dict`: `num_samples` is the number of
         samples the whole job consumed in this epoch (all ranks: steps x batch x world), counted
         from the epoch's start (`from_beginning`) or from where this run resumed. Without it,
         this process's own count is used (exact with `num_workers=0`)."""
+        self._catch_up()
         p = self._placement()
         order = self._order(p)
         worker = None
@@ -546,6 +563,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def load_state_dict(self, obj: Mapping[str, Any]) -> None:
         """Continues from a `state_dict` (also one saved by a job of another size): the next
         iteration starts at the first sample the saved job had not consumed."""
+        self._lineages.append(EpochRecords())
         if "shardstream" in obj:
             seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp, sample_ramp = (
                 self._native().parse_state(json.dumps(obj["shardstream"]))
@@ -582,6 +600,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         # The stream takes over: it joins the prefetch's downloads and fetches the rest.
         self._stop_prefetch()
         self._iter_batch = batch_size
+        epoch = self._lineages[-1].start(self._epoch)
+        if epoch != self._epoch:  # this copy's epoch was finished by an earlier iteration
+            self._epoch, self._resume_start, self._worker_skip = epoch, 0, 0
         p = self._placement()
         start, worker = self._resume_start, p.worker
         if self._worker_skip:
@@ -619,9 +640,10 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._iteration_ended(p)
 
     def _iteration_ended(self, p: Placement) -> None:
-        """An iteration ran to its end. In a single process the epoch is over for this object,
-        so the next iteration is the next epoch; a DataLoader worker's copy cannot tell the
-        others, so there `set_epoch` decides (docs/python.md)."""
+        """An iteration ran to its end. It is recorded, so that the next iteration of any copy
+        of this object (a DataLoader's next workers) streams the next epoch once every worker
+        finished; in a single process the epoch is over for this object itself."""
+        self._lineages[-1].finish(self._epoch, p.worker, p.workers)
         if p.workers == 1:
             self._epoch += 1
             self._resume_start = 0
@@ -667,6 +689,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         finally:
             stream.close()
         self._iteration_ended(p)
+
+
+def _discard_lineages(lineages: list[EpochRecords]) -> None:
+    for records in lineages:
+        records.discard()
 
 
 def _process_of(p: Placement) -> dict:

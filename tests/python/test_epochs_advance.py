@@ -1,0 +1,96 @@
+"""Through DataLoader workers, each iteration streams the next epoch by itself, as Mosaic's
+StreamingDataset does: with fresh workers each epoch and with `persistent_workers=True` (whose
+copies never see the training process's `set_epoch`), with or without `set_epoch`. Each epoch
+is complete and is the same sequence as that epoch streamed by a single process; the training
+process's `epoch` and `state_dict` follow the workers, so a resume lands in the right epoch."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardstream
+from conftest import write_ids
+
+N, BATCH, EPOCHS = 64, 4, 3
+
+
+@pytest.fixture()
+def root(tmp_path, stream_env):
+    out = tmp_path / "mds"
+    write_ids(out, N, size_limit=256)
+    return out
+
+
+def _dataset(root):
+    return shardstream.StreamingDataset(local=str(root), batch_size=BATCH, shuffle=True, shuffle_seed=1)
+
+
+def _reference(root) -> list[list[int]]:
+    ds = _dataset(root)  # a single process moves to the next epoch after each iteration
+    return [[int(s["id"]) for s in ds] for _ in range(EPOCHS)]
+
+
+def _ids(batch) -> list[int]:
+    return [int(i) for i in batch["id"]]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("set_epoch", [False, True])
+def test_each_iteration_is_the_next_epoch(root, persistent, set_epoch):
+    want = _reference(root)
+    assert len({tuple(e) for e in want}) == EPOCHS
+    ds = _dataset(root)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=persistent,
+                        multiprocessing_context="fork")
+    for epoch in range(EPOCHS):
+        if set_epoch:
+            ds.set_epoch(epoch)
+        assert [i for b in loader for i in _ids(b)] == want[epoch], f"epoch {epoch}"
+        assert ds.epoch == epoch, "the training process follows its workers"
+
+
+def test_spawned_workers_advance_too(root):
+    want = _reference(root)
+    loader = DataLoader(_dataset(root), batch_size=BATCH, num_workers=2, multiprocessing_context="spawn")
+    assert [[i for b in loader for i in _ids(b)] for _ in range(2)] == want[:2]
+
+
+def test_a_mid_epoch_state_names_the_workers_epoch(root):
+    from shardstream import StreamingDataLoader
+
+    want = _reference(root)
+    loader = StreamingDataLoader(_dataset(root), batch_size=BATCH, num_workers=2)
+    assert [i for b in loader for i in _ids(b)] == want[0]
+    head = []
+    for n, batch in enumerate(loader):
+        head += _ids(batch)
+        if n == 2:
+            break
+    state = loader.state_dict()
+    assert (state["epoch"], state["sample_in_epoch"]) == (1, 3 * BATCH)
+    resumed = StreamingDataLoader(_dataset(root), batch_size=BATCH, num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + [i for b in resumed for i in _ids(b)] == want[1]
+    # An explicit choice still wins: set_epoch(0) streams epoch 0 again.
+    resumed.dataset.set_epoch(0)
+    assert [i for b in resumed for i in _ids(b)] == want[0]
+
+
+def test_an_abandoned_iteration_is_streamed_again_and_markers_go_with_the_dataset(root):
+    want = _reference(root)
+    ds = _dataset(root)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=2)
+    it = iter(loader)
+    next(it)
+    del it  # the workers stop before their shares end: epoch 0 is not over
+    assert [i for b in loader for i in _ids(b)] == want[0]
+    folders = [r.folder for r in ds._lineages]
+    assert any(os.path.isdir(f) for f in folders)
+    del loader, ds
+    import gc
+
+    gc.collect()
+    assert not any(os.path.exists(f) for f in folders), "the markers are removed with the dataset"
