@@ -84,3 +84,7 @@ def test_writer_refuses_a_folder_that_is_not_empty_unless_exist_ok(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard.00000.mds"]
     got = sorted(int(s["i"]) for s in StreamingDataset(local=str(out), batch_size=1))
     assert got == [100, 101, 102]
+
+
+def test_mosaics_writer_name_is_the_writer():
+    assert shardstream.MDSWriter is shardstream.ShardWriter

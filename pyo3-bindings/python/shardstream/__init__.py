@@ -15,6 +15,9 @@ from shardstream.dataset import ColumnBatch, ColumnBatches, StreamingDataset, Va
 from shardstream.streams import Stream  # noqa: F401
 from shardstream.writer import ShardWriter  # noqa: F401
 
+# Mosaic's name for the writer, so that `from streaming import MDSWriter` switches by its module.
+MDSWriter = ShardWriter
+
 __all__ = [
     "Buffer",
     "BudgetExceededError",
@@ -23,6 +26,7 @@ __all__ = [
     "ColumnBatches",
     "CorruptDataError",
     "HashMismatchError",
+    "MDSWriter",
     "NotFoundError",
     "ShardWriter",
     "ShardstreamError",
