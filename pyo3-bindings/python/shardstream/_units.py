@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 _PREFIXES = "kmgtpe"  # 1024 ** (index + 1)
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
@@ -26,17 +27,23 @@ def _unit_power(unit: str) -> int | None:
     return None
 
 
+def _whole(value: Any, name: str, what: str) -> Any:
+    """`None`, text and ints as given; a float truncated (as Mosaic's); a bool refused."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a {what}, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite {what}, got {value}")
+        return int(value)
+    return value
+
+
 def parse_bytes(value: int | float | str | None, name: str) -> int | None:
     """`None` stays `None`; ints pass (floats are truncated, as Mosaic's); `"100gb"` and
     `"20GiB"` are parsed, both binary."""
+    value = _whole(value, name, "byte count")
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a byte count, got {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite byte count, got {value}")
-        value = int(value)
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
@@ -57,14 +64,9 @@ _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 def parse_count(value: int | float | str | None, name: str) -> int | None:
     """A number of samples as Mosaic's `number_abbrev_to_int` reads it: an int (floats are
     truncated), or text with a decimal suffix, `"100k"`, `"1.5m"`, `"2b"` (billions), `"1t"`."""
+    value = _whole(value, name, "number of samples")
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number of samples, got {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number of samples, got {value}")
-        value = int(value)
     if isinstance(value, str):
         m = _COUNT.fullmatch(value)
         if not m:
