@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::SwitchProxy;
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
 use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
@@ -217,15 +217,7 @@ fn cache_never_exceeds_its_limit_while_streaming() {
             epoch,
             ..plan(true, 2)
         };
-        for item in ds.stream(plan).unwrap() {
-            let item = item.unwrap();
-            check_sample(
-                item.index,
-                &item.sample.decode().unwrap(),
-                spec.sample_bytes,
-            );
-            n += 1;
-        }
+        n += stream_checked(&ds, plan, spec.sample_bytes);
     }
     done.store(true, Ordering::SeqCst);
     let (peak, samples) = sampler.join().unwrap();

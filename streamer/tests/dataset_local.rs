@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{check_sample, write_dataset, Spec};
+use common::{stream_checked, write_dataset, Spec};
 use shardstream_launcher::resolve::{CACHE_DIR_ENV, RUN_ID_SOURCES};
 use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
@@ -42,21 +42,6 @@ fn local(remote: &std::path::Path, cache_root: &std::path::Path) -> StreamingCon
     }
 }
 
-/// Streams one epoch of `ds`, checking each sample against `spec`; returns how many came.
-fn streamed(ds: &StreamingDataset, spec: &Spec) -> u64 {
-    let mut n = 0;
-    for item in ds.stream(plan()).unwrap() {
-        let item = item.unwrap();
-        check_sample(
-            item.index,
-            &item.sample.decode().unwrap(),
-            spec.sample_bytes,
-        );
-        n += 1;
-    }
-    n
-}
-
 #[test]
 fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
     // Edition 2021: `remove_var` is safe; this binary runs only this test.
@@ -77,7 +62,7 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
     assert!(dir.starts_with(cache.path()), "{}", dir.display());
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("in-place-"), "{name}");
-    assert_eq!(streamed(&ds, &spec), spec.samples);
+    assert_eq!(stream_checked(&ds, plan(), spec.sample_bytes), spec.samples);
     // Nothing was downloaded or copied: the folder holds no shard.
     assert_eq!(ds.metrics().fetch_bytes, 0);
     assert_eq!(ds.cache_usage().unwrap(), 0);
@@ -103,7 +88,10 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
         zdir.display()
     );
     assert_ne!(zdir, dir, "a folder of its own");
-    assert_eq!(streamed(&ds, &zspec), zspec.samples);
+    assert_eq!(
+        stream_checked(&ds, plan(), zspec.sample_bytes),
+        zspec.samples
+    );
     assert!(
         ds.cache_usage().unwrap() > 0,
         "the decompressed shards are in it"
@@ -121,7 +109,10 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
     write_dataset(zipped.path(), &rewritten);
     let ds = StreamingDataset::open(local(zipped.path(), cache.path())).unwrap();
     assert_ne!(ds.cache_dir(), zdir, "a rewritten dataset, a new folder");
-    assert_eq!(streamed(&ds, &rewritten), rewritten.samples);
+    assert_eq!(
+        stream_checked(&ds, plan(), rewritten.sample_bytes),
+        rewritten.samples
+    );
 
     // 3. A dataset that must be copied into the cache (here: `copy_local`) needs a run id,
     //    and the error says how to give one from Python, Rust or the environment.

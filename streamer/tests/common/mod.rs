@@ -96,6 +96,17 @@ pub fn check_sample(index: u64, sample: &Sample, len: usize) {
     }
 }
 
+/// Streams `plan` of `ds` to its end, checking each sample (`check_sample`); returns how many came.
+pub fn stream_checked(ds: &StreamingDataset, plan: StreamPlan, len: usize) -> u64 {
+    let mut n = 0;
+    for item in ds.stream(plan).unwrap() {
+        let item = item.unwrap();
+        check_sample(item.index, &item.sample.decode().unwrap(), len);
+        n += 1;
+    }
+    n
+}
+
 /// A moto server holding `dir` under `s3://bucket/ds`.
 pub fn moto_with(dir: &Path, rt: &tokio::runtime::Runtime) -> MotoServer {
     let server = rt.block_on(async {
