@@ -20,7 +20,7 @@ from shardstream._epochs import EpochRecords
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, placement
-from shardstream.streams import Stream
+from shardstream.streams import Stream, as_stream, path_text
 
 try:  # torch is optional: without it the dataset is a plain iterable.
     from torch.utils.data import IterableDataset as _Base
@@ -53,29 +53,10 @@ _IGNORED_MOSAIC_ARGS = {
 }
 
 
-def _path_text(where: Any) -> Any:
-    """A `pathlib.Path` (any `os.PathLike`) as the path text the engine takes; else as given."""
-    return os.fspath(where) if isinstance(where, os.PathLike) else where
-
-
 def _starts(counts: Any) -> np.ndarray:
     """Where each of consecutive runs of `counts` items starts (int64, as Mosaic's offsets)."""
     counts = np.asarray(counts, dtype=np.int64)
     return np.cumsum(counts) - counts
-
-
-def _is_mosaic_stream(obj: Any) -> bool:
-    """Whether `obj` is a mosaicml-streaming `Stream` (or a subclass), without importing it."""
-    return any(c.__name__ == "Stream" and c.__module__.startswith("streaming.")
-               for c in type(obj).__mro__)
-
-
-def _as_stream(obj: Any) -> Stream:
-    if isinstance(obj, Stream):
-        return obj
-    if _is_mosaic_stream(obj):
-        return Stream._from_mosaic(obj)
-    raise TypeError(f"streams must hold shardstream.Stream (or streaming.Stream) objects, got {type(obj).__name__}")
 
 
 class VarColumn:
@@ -233,7 +214,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         replication: int | None = None,
         **kwargs: Any,
     ) -> None:
-        remote, local, cache_root = (_path_text(x) for x in (remote, local, cache_root))
+        remote, local, cache_root = path_text(remote), path_text(local), path_text(cache_root)
         # Mosaic 0.13 builds its one stream from a registry: "stream" (its MDS stream, and ours)
         # with `stream_config` as extra Stream arguments; other names are Databricks' Delta tables.
         stream_name = kwargs.pop("stream_name", "stream")
@@ -244,11 +225,10 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if stream_config and streams is None:
             # As Mosaic's, the dataset's own remote, local and split win over the config's.
             config = {k: v for k, v in stream_config.items() if k not in ("remote", "local", "split")}
-            weights = {k: v for k, v in config.items() if k in ("proportion", "repeat", "choose")}
-            Stream(remote=remote, local=local, split=split, **config)  # checks the arguments
-            if weights:  # a repeat or choose sizes the epoch as it would one stream of a mix
-                streams = [Stream(remote=remote, local=local, split=split, **weights)]
-                remote = local = split = None
+            one = Stream(remote=remote, local=local, split=split, **config)  # checks the arguments
+            if (one.proportion, one.repeat, one.choose) != (None, None, None):
+                # A weight sizes the epoch as it would one stream of a mix.
+                streams, remote, local, split = [one], None, None, None
         unknown = set(kwargs) - _IGNORED_MOSAIC_ARGS
         if unknown:
             raise TypeError(f"StreamingDataset got unexpected arguments: {sorted(unknown)}")
@@ -263,7 +243,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError("streams must hold at least one Stream")
             if remote is not None or local is not None:
                 raise ValueError("give either streams or remote/local, not both")
-            streams = [_as_stream(s) for s in streams]
+            streams = [as_stream(s) for s in streams]
         elif remote is None and local is None:
             raise ValueError("StreamingDataset needs remote, local, or both")
         epoch_size = parse_count(epoch_size, "epoch_size")
@@ -519,7 +499,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         copies of it, which move to the next epoch by themselves)."""
         latest = self._lineages[-1].latest_started()
         if latest is not None and latest > self._epoch:
-            self._epoch, self._resume_start, self._yielded, self._worker_skip = latest, 0, 0, 0
+            self._start_epoch(latest)
+
+    def _start_epoch(self, epoch: int) -> None:
+        """Moves to the start of `epoch` (reached through the lineage's markers)."""
+        self._epoch, self._resume_start, self._yielded, self._worker_skip = epoch, 0, 0, 0
 
     def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
         """The position to resume from, as Mosaic's `state_dict`: `num_samples` is the number of
@@ -602,7 +586,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._iter_batch = batch_size
         epoch = self._lineages[-1].start(self._epoch)
         if epoch != self._epoch:  # this copy's epoch was finished by an earlier iteration
-            self._epoch, self._resume_start, self._worker_skip = epoch, 0, 0
+            self._start_epoch(epoch)
         p = self._placement()
         start, worker = self._resume_start, p.worker
         if self._worker_skip:

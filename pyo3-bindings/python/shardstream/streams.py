@@ -24,6 +24,21 @@ from typing import Any
 _IGNORED_STREAM_ARGS = {"download_retry", "download_timeout", "validate_hash", "keep_zip"}
 
 
+def path_text(where: Any) -> Any:
+    """A `pathlib.Path` (any `os.PathLike`) as the path text the engine takes; else as given."""
+    return os.fspath(where) if isinstance(where, os.PathLike) else where
+
+
+def as_stream(obj: Any) -> Stream:
+    """`obj` as a `Stream`: one of ours as is, a mosaicml-streaming `Stream` converted."""
+    if isinstance(obj, Stream):
+        return obj
+    # Mosaic's class (or a subclass), recognised without importing mosaicml-streaming.
+    if any(c.__name__ == "Stream" and c.__module__.startswith("streaming.") for c in type(obj).__mro__):
+        return Stream._from_mosaic(obj)
+    raise TypeError(f"streams must hold shardstream.Stream (or streaming.Stream) objects, got {type(obj).__name__}")
+
+
 class Stream:
     """One dataset of a mix: where it is (`remote`, `local`, `split`) and how much of each epoch
     it gives (`proportion`, `repeat` or `choose`).
@@ -49,7 +64,7 @@ class Stream:
             raise TypeError(f"Stream got unexpected arguments: {sorted(unknown)}")
         if remote is None and local is None:
             raise ValueError("Stream needs remote, local, or both")
-        remote, local = (os.fspath(x) if isinstance(x, os.PathLike) else x for x in (remote, local))
+        remote, local = path_text(remote), path_text(local)
         given = [(k, v) for k, v in (("proportion", proportion), ("repeat", repeat),
                                      ("choose", choose)) if v is not None]
         if len(given) > 1:

@@ -279,19 +279,22 @@ impl StreamingDataset {
         }
         // The node's folder, when a stream is remote: resolved without the index (`local`, or a
         // run id), it keeps copies of the remote indexes. Resolved once, and used below too.
-        let node_folder = opened
-            .iter()
-            .any(|(l, _)| l.local_root().is_none())
-            .then(|| resolve_cache_dir(&config, None));
+        let any_remote = opened.iter().any(|(l, _)| l.local_root().is_none());
+        let node_folder = any_remote.then(|| resolve_cache_dir(&config, None));
+        // A dataset made only of local files downloads nothing, so it needs no run id (see
+        // `resolve_cache_dir`). `copy_local` asks for copies in the run's cache, so it does.
+        let local_only = !any_remote && !config.copy_local;
         let copies = node_folder.as_ref().and_then(|r| r.as_deref().ok());
         let mut index_copies = Vec::new();
         // What a dataset of local files only is, for the folder it gets without a run id: its
         // indexes, so that a dataset rewritten under the same paths gets a new folder instead
-        // of the decompressed shards of the old one.
+        // of the decompressed shards of the old one (hashed only for such a dataset).
         let mut indexes_hash = FNV_OFFSET;
         for (i, (location, weight)) in opened.into_iter().enumerate() {
             let (json, index, from_store) = load_index(&location, copies)?;
-            indexes_hash = fnv1a_from(indexes_hash, &json);
+            if local_only {
+                indexes_hash = fnv1a_from(indexes_hash, &json);
+            }
             let counts = loaded.add_stream(&config, &location, i, &index)?;
             let remote = location.local_root().is_none();
             if let (true, true, Some(dir)) = (from_store, remote, copies) {
@@ -309,20 +312,18 @@ impl StreamingDataset {
             locations.push(location);
         }
         let shape = DatasetShape::mixed(shapes, epoch_size, Sampling::Balanced)?;
-        // A dataset made only of local files downloads nothing, so it needs no run id (see
-        // `resolve_cache_dir`): read in place, its folder holds only lock files and is named by
-        // its paths; compressed, it holds the shards decompressed from those files (as Mosaic's
+        // Read in place, a local-only dataset's folder holds only lock files and is named by its
+        // paths; compressed, it holds the shards decompressed from those files (as Mosaic's
         // `local=` without a `remote` decompresses next to them) and is named by its paths and
-        // indexes. `copy_local` asks for copies in the run's cache, so it needs the run's id.
-        let in_place_key =
-            (!config.copy_local && locations.iter().all(|l| l.local_root().is_some())).then(|| {
-                let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
-                let mut key = urls.join("\n");
-                if loaded.max_shard_bytes > 0 {
-                    key.push_str(&format!("\n{:016x}", indexes_hash));
-                }
-                key
-            });
+        // indexes.
+        let in_place_key = local_only.then(|| {
+            let urls: Vec<&str> = locations.iter().map(|l| l.url()).collect();
+            let mut key = urls.join("\n");
+            if loaded.max_shard_bytes > 0 {
+                key.push_str(&format!("\n{indexes_hash:016x}"));
+            }
+            key
+        });
         let cache_dir = match (in_place_key, node_folder) {
             (None, Some(resolved)) => resolved?,
             (key, _) => resolve_cache_dir(&config, key.as_deref())?,
