@@ -11,8 +11,10 @@ the RSS of the child's whole tree (DataLoader workers included) every 10 ms. Dat
 samples and 100 B samples, read from a local folder (warm page cache; shardstream reads in
 place, Mosaic reads its local copy). Configurations: DataLoader num_workers 0 and 2 with
 per-sample dicts, plus shardstream's batch path (`iter_batches`, the same worker counts; with
-workers it runs as `DataLoader(ds.iter_batches(n), batch_size=None, collate_fn=lambda b: b)`,
-so that numpy columns are not turned into tensors one shared-memory segment each).
+workers it runs as `shardstream.StreamingDataLoader(ds.iter_batches(n), batch_size=None,
+collate_fn=lambda b: b)`, which moves small batches from the workers in groups, with numpy
+columns not turned into tensors one shared-memory segment each; and, as `batches-one-by-one`,
+through a plain DataLoader). `--batch N` sets every set's batch size.
 `--sets 1MB` adds 1 MB samples (not in the default run); `--modes iter,iter-zero-copy` measures
 plain iteration without a DataLoader, with `bytes` values and with `zero_copy=True` buffers.
 """
@@ -48,13 +50,15 @@ else:
     clean_stale_shared_memory()
     ds = StreamingDataset(local=path, batch_size=batch, shuffle=False)
 n, first, t1 = 0, None, None
-if mode == "batches":
+if mode.startswith("batches"):
     # The batch path; the 100 B set reads its numeric columns, the others every column.
     cols = ["id", "x"] if os.path.basename(path) == "100B" else None
     batches = ds.iter_batches(batch, columns=cols)
     if workers:  # the batch path through DataLoader workers: batches cross as they are made
-        batches = DataLoader(batches, batch_size=None, num_workers=workers,
-                             multiprocessing_context="fork", collate_fn=lambda b: b)
+        # (`batches-one-by-one`: a plain DataLoader, which takes them one round trip each)
+        loader = DataLoader if mode == "batches-one-by-one" else shardstream.StreamingDataLoader
+        batches = loader(batches, batch_size=None, num_workers=workers,
+                         multiprocessing_context="fork", collate_fn=lambda b: b)
 elif mode.startswith("iter"):
     # Plain iteration of the dataset (no DataLoader): each sample counts as a batch of one,
     # after a view of its `pad` column (what a consumer does first with bytes or a buffer).
@@ -141,6 +145,7 @@ def main() -> None:
                     help="comma-separated libraries to measure")
     ap.add_argument("--workers", default="0,2", help="comma-separated DataLoader num_workers")
     ap.add_argument("--no-batches", action="store_true", help="skip the batch path")
+    ap.add_argument("--batch", type=int, default=None, help="batch size of every set (default: 64, 256, 8)")
     ap.add_argument("--modes", default="samples",
                     help="comma-separated per-sample modes: samples (DataLoader), iter, iter-zero-copy")
     args = ap.parse_args()
@@ -150,6 +155,8 @@ def main() -> None:
     all_sets = {"10KB": (20_000 // scale, 10_000, 64), "100B": (400_000 // scale, 100, 256),
                 "1MB": (2_000 // scale, 1_000_000, 8)}
     sets = {name: all_sets[name] for name in args.sets.split(",")}
+    if args.batch:
+        sets = {name: (n, size, args.batch) for name, (n, size, _) in sets.items()}
     libs = args.libs.split(",")
     worker_counts = [int(w) for w in args.workers.split(",")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -171,14 +178,15 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
         if "shardstream" in libs and not args.no_batches:
             for workers in worker_counts:
-                r = measure("shardstream", path, workers, batch, "batches", env)
-                r["dataset"] = name
-                results.append(r)
-                print(json.dumps(r), flush=True)
+                for mode in ("batches", "batches-one-by-one") if workers else ("batches",):
+                    r = measure("shardstream", path, workers, batch, mode, env)
+                    r["dataset"] = name
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
     print()
-    print(f"{'dataset':8} {'library':20} {'mode':14} {'workers':>7} {'samples/s':>10} {'first (s)':>9} {'peak RSS MiB':>12}")
+    print(f"{'dataset':8} {'library':20} {'mode':18} {'workers':>7} {'samples/s':>10} {'first (s)':>9} {'peak RSS MiB':>12}")
     for r in results:
-        print(f"{r['dataset']:8} {r['lib']:20} {r['mode']:14} {r['workers']:>7} {r['samples_per_s']:>10} "
+        print(f"{r['dataset']:8} {r['lib']:20} {r['mode']:18} {r['workers']:>7} {r['samples_per_s']:>10} "
               f"{r['first']:>9.2f} {r['peak_rss_mib']:>12}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

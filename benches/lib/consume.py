@@ -78,7 +78,8 @@ def collate(batch):
 class ColumnBatches:
     """shardstream's batch path as docs/python.md prescribes: `iter_batches`' own batches (a
     dict of an ids array and a `VarColumn`), with no Python object per sample, in the training
-    process or in a DataLoader worker; the consumer takes the columns apart."""
+    process (with workers, `build` hands `iter_batches` to shardstream's StreamingDataLoader);
+    the consumer takes the columns apart."""
 
     def __init__(self, ds, batch_size: int) -> None:
         self.ds, self.batch_size = ds, batch_size
@@ -195,13 +196,13 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
         import shardstream
 
         ds = shardstream.StreamingDataset(remote=job["remote"], local=local, shuffle=shuffle, shuffle_seed=1, batch_size=bs)
-        batches = ColumnBatches(ds, bs)
         if workers:
-            from torch.utils.data import DataLoader
-
-            return DataLoader(_torch_iterable(batches), batch_size=None, num_workers=workers,
-                              collate_fn=keep_batch), "columns"
-        return batches, "columns"
+            # As docs/python.md prescribes: the ColumnBatches itself through shardstream's
+            # StreamingDataLoader (a torch DataLoader), which moves the workers' small batches in
+            # groups and yields them one by one in the plain DataLoader's order.
+            return shardstream.StreamingDataLoader(ds.iter_batches(bs), batch_size=None, num_workers=workers,
+                                                   collate_fn=keep_batch), "columns"
+        return ColumnBatches(ds, bs), "columns"
     elif SYSTEM == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming import downloader

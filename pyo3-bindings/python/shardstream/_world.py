@@ -89,6 +89,11 @@ def in_dataloader_worker() -> bool:
     return _worker_info() is not None
 
 
+def worker_id() -> int:
+    """This DataLoader worker's id (0 outside a worker)."""
+    return _worker()[1]
+
+
 def _worker() -> tuple[int, int]:
     info = _worker_info()
     if info is None:

@@ -17,9 +17,10 @@ import numpy as np
 
 from shardstream import _native
 from shardstream._epochs import EpochRecords
+from shardstream._groups import BatchGroup, batches_per_group, grouping_in_this_process
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
-from shardstream._world import Placement, in_dataloader_worker, placement
+from shardstream._world import Placement, in_dataloader_worker, placement, worker_id
 from shardstream.streams import Stream, as_stream, path_text
 
 try:  # torch is optional: without it the dataset is a plain iterable.
@@ -166,6 +167,32 @@ def _rebuild_column_batch(layout: tuple, blob: bytes, others: tuple) -> ColumnBa
             k += 1
             at += 8 * shape
     return out
+
+
+def _batch_bytes(batch: ColumnBatch) -> int:
+    """The column bytes a batch holds."""
+    return sum(v.nbytes if type(v) is np.ndarray else len(v.data) + v.offsets.nbytes for v in batch.values())
+
+
+def _cut(batch: ColumnBatch, size: int, count: int) -> list[ColumnBatch]:
+    """`batch`'s `count` samples as consecutive batches of `size` (the last may be shorter), each
+    a view of the same memory, with its variable columns' offsets starting at 0 as a batch read
+    alone has them."""
+    items = list(batch.items())
+    parts = []
+    for start in range(0, count, size):
+        stop = min(start + size, count)
+        part = ColumnBatch()
+        for name, value in items:
+            if type(value) is VarColumn:
+                offsets = value.offsets[start : stop + 1]
+                first = int(offsets[0])
+                part[name] = VarColumn(value.data[first : int(offsets[-1])], offsets - np.uint64(first),
+                                       value.encoding)
+            else:
+                part[name] = value[start:stop]
+        parts.append(part)
+    return parts
 
 
 class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
@@ -645,7 +672,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _column_batches(
         self, batch_size: int, columns: list[str] | None
-    ) -> Iterator[ColumnBatch]:
+    ) -> Iterator[ColumnBatch | BatchGroup]:
         encodings = self.columns
         stream, p = self._stream(batch_size, raw=True)
         self._yielded = 0
@@ -655,24 +682,60 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if shared:
             _share_buffers_in_this_worker()
         try:
-            while True:
-                count, cols = stream.next_columns(batch_size, columns, shared)
-                if count == 0:
-                    break
-                out = ColumnBatch()
-                for name, (dtype, shape_or_offsets, data) in cols.items():
-                    if dtype is not None:
-                        out[name] = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(
-                            (count, *shape_or_offsets)
-                        )
-                    else:
-                        offsets = np.frombuffer(shape_or_offsets, dtype=_OFFSETS)
-                        out[name] = VarColumn(data, offsets, encodings[name])
-                self._yielded += count  # what `state_dict()` counts, as `__iter__` does
-                yield out
+            if in_dataloader_worker() and grouping_in_this_process():
+                yield from self._batch_groups(stream, batch_size, columns, encodings, shared)
+            else:
+                while True:
+                    count, batch = self._next_column_batch(stream, batch_size, columns, encodings, shared)
+                    if count == 0:
+                        break
+                    yield batch
         finally:
             stream.close()
         self._iteration_ended(p)
+
+    def _next_column_batch(
+        self, stream: Any, n: int, columns: list[str] | None, encodings: dict[str, str], shared: bool
+    ) -> tuple[int, ColumnBatch]:
+        """The stream's next `n` samples as one batch and their count (fewer only at the end,
+        0 after it)."""
+        count, cols = stream.next_columns(n, columns, shared)
+        out = ColumnBatch()
+        if count == 0:
+            return 0, out
+        for name, (dtype, shape_or_offsets, data) in cols.items():
+            if dtype is not None:
+                out[name] = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(
+                    (count, *shape_or_offsets)
+                )
+            else:
+                offsets = np.frombuffer(shape_or_offsets, dtype=_OFFSETS)
+                out[name] = VarColumn(data, offsets, encodings[name])
+        self._yielded += count  # what `state_dict()` counts, as `__iter__` does
+        return count, out
+
+    def _batch_groups(
+        self, stream: Any, batch_size: int, columns: list[str] | None, encodings: dict[str, str],
+        shared: bool,
+    ) -> Iterator[BatchGroup]:
+        """This worker's batches in groups, for `StreamingDataLoader` (see `_groups`): the first
+        group holds one batch (the first sample is not delayed), the next ones as many batches
+        as fit in `GROUP_BYTES`, each group read in one native call and cut into batches of
+        `batch_size`, the same batches `_column_batches` yields one by one."""
+        worker = worker_id()
+        per_group = 1
+        while True:
+            n = batch_size * per_group
+            # A group of several batches is cut into slices, which cross as bytes: no arena slot.
+            count, batch = self._next_column_batch(stream, n, columns, encodings, shared and per_group == 1)
+            if count == 0:
+                yield BatchGroup(worker, [], True)
+                return
+            last = count < n
+            yield BatchGroup(worker, [batch] if per_group == 1 else _cut(batch, batch_size, count), last)
+            if last:
+                return
+            per_group = batches_per_group(_batch_bytes(batch) * batch_size // max(1, count))
 
 
 def _discard_lineages(lineages: list[EpochRecords]) -> None:
