@@ -1,6 +1,7 @@
 """Through DataLoader workers, each iteration streams the next epoch by itself, as Mosaic's
 StreamingDataset does: with fresh workers each epoch and with `persistent_workers=True` (whose
-copies never see the training process's `set_epoch`), with or without `set_epoch`. Each epoch
+copies never see the training process's `set_epoch`), with or without `set_epoch`, and after an
+iteration left with `break` too. Each epoch
 is complete and is the same sequence as that epoch streamed by a single process; the training
 process's `epoch` and `state_dict` follow the workers, so a resume lands in the right epoch."""
 
@@ -79,14 +80,19 @@ def test_a_mid_epoch_state_names_the_workers_epoch(root):
     assert [i for b in resumed for i in _ids(b)] == want[0]
 
 
-def test_an_abandoned_iteration_is_streamed_again_and_markers_go_with_the_dataset(root):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_abandoned_iteration_is_followed_by_the_next_epoch_and_markers_go_with_the_dataset(root, persistent):
+    """As Mosaic: every new iteration starts the next epoch, also after one left with `break`
+    (a loop over a fixed number of batches per epoch sees new samples each time)."""
     want = _reference(root)
     ds = _dataset(root)
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=2)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
-    next(it)
-    del it  # the workers stop before their shares end: epoch 0 is not over
-    assert [i for b in loader for i in _ids(b)] == want[0]
+    assert _ids(next(it)) == want[0][:BATCH]
+    del it  # the workers stop before their shares end
+    assert [i for b in loader for i in _ids(b)] == want[1]
+    assert ds.epoch == 1
+    assert [i for b in loader for i in _ids(b)] == want[2]
     folders = [r.folder for r in ds._lineages]
     assert any(os.path.isdir(f) for f in folders)
     del loader, ds
@@ -94,3 +100,26 @@ def test_an_abandoned_iteration_is_streamed_again_and_markers_go_with_the_datase
 
     gc.collect()
     assert not any(os.path.exists(f) for f in folders), "the markers are removed with the dataset"
+
+
+def test_a_single_process_break_is_followed_by_the_next_epoch(root):
+    want = _reference(root)
+    ds = _dataset(root)
+    for n, sample in enumerate(ds):
+        if n == 5:
+            break
+    assert ds.state_dict()["epoch"] == 0  # the abandoned epoch is the one a checkpoint names
+    assert [int(s["id"]) for s in ds] == want[1]
+    assert ds.epoch == 2
+
+
+def test_a_generator_seeded_afresh_each_epoch(root):
+    """A DataLoader built each epoch with the same seeded generator draws the same base seed,
+    so its workers' iterations share a name: a finished epoch still moves them on."""
+    import torch
+
+    want = _reference(root)
+    ds = _dataset(root)
+    for epoch in range(2):
+        loader = DataLoader(ds, batch_size=BATCH, num_workers=2, generator=torch.Generator().manual_seed(7))
+        assert [i for b in loader for i in _ids(b)] == want[epoch]

@@ -1,17 +1,24 @@
-"""Which epochs the copies of one dataset object have started and finished, so that a DataLoader's
-workers move to the next epoch by themselves, as Mosaic's do.
+"""Which epochs the copies of one dataset object have started and finished, so that every new
+iteration streams the next epoch, as Mosaic's does, also through a DataLoader's workers.
 
 A DataLoader worker iterates a copy of the dataset: forked from (or pickled by) the training
 process at each epoch, or kept for the whole run with `persistent_workers=True`. A copy cannot
-tell the training process that its share of the epoch is done, so every epoch used to stream the
-same order unless the training script called `set_epoch` (which persistent workers never see).
-The copies instead leave small marker files in a folder named by their dataset object's lineage
-(a random key made when the dataset is built and again at each `set_epoch` / `load_state_dict`,
-which choose the epoch explicitly): `s<E>` when an iteration of epoch E starts, `e<E>-w<i>-of<W>`
-when worker i of W finishes its share. A new iteration streams the first epoch, from the
-lineage's own, that not every worker of some iteration has finished; the training process's
-`state_dict` reports the latest one started. Every worker of an iteration sees the same files,
-because the DataLoader starts an iteration's workers only after the previous one has ended.
+tell the training process which epoch it streamed, so every epoch used to stream the same order
+unless the training script called `set_epoch` (which persistent workers never see). The copies
+instead leave small marker files in a folder named by their dataset object's lineage (a random
+key made when the dataset is built and again at each `set_epoch` / `load_state_dict`, which
+choose the epoch explicitly): `s<E>-<iteration>` when an iteration starts epoch E, and
+`e<E>-w<i>-of<W>` when worker i of W finishes its share of it.
+
+Mosaic starts the next epoch at every new iteration, whether the previous one ran to its end or
+was left with a `break`. Here the workers of one iteration agree on it through the iteration's
+name: a DataLoader draws a random base seed for every iterator and gives worker i the seed
+`base + i`, so `base` (with the copy's count of its own iterations, for persistent workers, which
+keep theirs) names the iteration in every worker. The first worker of an iteration to start takes
+the epoch after the latest one started (the lineage's own epoch, where it resumes, when none has
+started) and records it; the others find its marker. A name met again after its epoch was
+finished by every worker (a DataLoader whose generator is seeded afresh each epoch draws the same
+base) starts the next epoch too. In a single process each iteration has a name of its own.
 
 The folder is under the system's temporary directory (each rank's processes run in one pod or
 machine); the process that made a lineage removes its folder when its dataset object goes.
@@ -27,6 +34,7 @@ import uuid
 
 _ROOT = os.path.join(tempfile.gettempdir(), "shardstream-epochs")
 _ENDED = re.compile(r"e(\d+)-w(\d+)-of(\d+)")
+_STARTED = re.compile(r"s(\d+)-(.+)")
 
 
 class EpochRecords:
@@ -66,12 +74,28 @@ class EpochRecords:
                 by_workers.setdefault(int(m.group(3)), set()).add(int(m.group(2)))
         return any(len(done) == workers for workers, done in by_workers.items())
 
-    def start(self, epoch: int) -> int:
-        """The epoch an iteration starting now streams (`epoch` or a later one) and records it."""
+    @staticmethod
+    def _starts(names: set[str]) -> list[tuple[int, str]]:
+        """(epoch, iteration) of every start marker."""
+        out = []
+        for name in names:
+            m = _STARTED.fullmatch(name)
+            if m:
+                out.append((int(m.group(1)), m.group(2)))
+        return out
+
+    def start(self, epoch: int, iteration: str) -> int:
+        """The epoch that iteration `iteration` streams, recorded: the one another worker of the
+        same iteration took, else the epoch after the latest started, else `epoch` (the
+        lineage's first iteration)."""
         names = self._names()
-        while self._finished(names, epoch):
-            epoch += 1
-        self._touch(f"s{epoch}")
+        starts = self._starts(names)
+        mine = [e for e, it in starts if it == iteration]
+        if mine and not self._finished(names, max(mine)):
+            return max(mine)
+        if starts:
+            epoch = max(e for e, _ in starts) + 1
+        self._touch(f"s{epoch}-{iteration}")
         return epoch
 
     def finish(self, epoch: int, worker: int, workers: int) -> None:
@@ -79,8 +103,7 @@ class EpochRecords:
         self._touch(f"e{epoch}-w{worker}-of{workers}")
 
     def latest_started(self) -> int | None:
-        started = [int(n[1:]) for n in self._names() if n.startswith("s") and n[1:].isdigit()]
-        return max(started, default=None)
+        return max((e for e, _ in self._starts(self._names())), default=None)
 
     def discard(self) -> None:
         """Removes the folder, in the process that made the lineage only."""

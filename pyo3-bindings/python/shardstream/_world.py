@@ -89,6 +89,15 @@ def in_dataloader_worker() -> bool:
     return _worker_info() is not None
 
 
+def iteration_seed() -> int | None:
+    """In a DataLoader worker, the base seed its DataLoader drew for the current iterator (the
+    same in every worker of it; a new one at each iterator); None elsewhere."""
+    info = _worker_info()
+    if info is None:
+        return None
+    return int(info.seed) - int(info.id)
+
+
 def worker_id() -> int:
     """This DataLoader worker's id (0 outside a worker)."""
     return _worker()[1]

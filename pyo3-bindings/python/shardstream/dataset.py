@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import warnings
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
@@ -20,7 +21,7 @@ from shardstream._epochs import EpochRecords
 from shardstream._groups import BatchGroup, batches_per_group, grouping_in_this_process
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
-from shardstream._world import Placement, in_dataloader_worker, placement, worker_id
+from shardstream._world import Placement, in_dataloader_worker, iteration_seed, placement, worker_id
 from shardstream.streams import Stream, as_stream, path_text
 
 try:  # torch is optional: without it the dataset is a plain iterable.
@@ -211,6 +212,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     # Instances pickled before the prefetch existed have neither.
     _prefetch: _native.NativePrefetch | None = None
     _prefetch_pid: int | None = None
+    _iterations = 0  # iterations this object (or copy) has started
 
     def __init__(
         self,
@@ -611,8 +613,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         # The stream takes over: it joins the prefetch's downloads and fetches the rest.
         self._stop_prefetch()
         self._iter_batch = batch_size
-        epoch = self._lineages[-1].start(self._epoch)
-        if epoch != self._epoch:  # this copy's epoch was finished by an earlier iteration
+        self._iterations += 1
+        epoch = self._lineages[-1].start(self._epoch, self._iteration_name())
+        if epoch != self._epoch:  # an earlier iteration started this copy's epoch
             self._start_epoch(epoch)
         p = self._placement()
         start, worker = self._resume_start, p.worker
@@ -633,6 +636,16 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             **self._order(p),
         ), p
 
+    def _iteration_name(self) -> str:
+        """What names the iteration starting now in every DataLoader worker of it (see
+        `_epochs`): the DataLoader's base seed of this iterator and this copy's count of its
+        iterations (persistent workers keep their copies, and their seeds); in a single process,
+        a name of its own."""
+        base = iteration_seed()
+        if base is None:
+            return uuid.uuid4().hex
+        return f"{base}.{self._iterations}"
+
     def __iter__(self) -> Iterator[dict]:
         """This process's (or DataLoader worker's) samples of the epoch, in order."""
         batch = int(self.batch_size or 1)
@@ -651,9 +664,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._iteration_ended(p)
 
     def _iteration_ended(self, p: Placement) -> None:
-        """An iteration ran to its end. It is recorded, so that the next iteration of any copy
-        of this object (a DataLoader's next workers) streams the next epoch once every worker
-        finished; in a single process the epoch is over for this object itself."""
+        """An iteration ran to its end. It is recorded (see `_epochs`); in a single process the
+        epoch is over for this object itself, so `epoch` and `state_dict` name the next one."""
         self._lineages[-1].finish(self._epoch, p.worker, p.workers)
         if p.workers == 1:
             self._epoch += 1
