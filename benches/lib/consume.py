@@ -230,6 +230,12 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
     else:
         raise SystemExit(f"unknown system {SYSTEM}")
     if workers:
+        if SYSTEM in ("shardstream (python)", ZERO_COPY):
+            # As docs/python.md prescribes (and Mosaic's docs for theirs): shardstream's
+            # StreamingDataLoader, a torch DataLoader that moves small batches in groups.
+            import shardstream
+
+            return shardstream.StreamingDataLoader(ds, batch_size=bs, num_workers=workers, collate_fn=collate), True
         from torch.utils.data import DataLoader
 
         return DataLoader(ds, batch_size=bs, num_workers=workers, collate_fn=collate), True

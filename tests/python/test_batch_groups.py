@@ -176,3 +176,59 @@ def test_interleave_is_a_plain_loaders_round_robin():
     assert list(interleave(groups, 3)) == ["a0", "b0", "a1", "b1", "a2", "a3", "a4"]
     with pytest.raises(RuntimeError, match="batch group was expected"):
         list(interleave([{"id": [1]}], 2))
+
+
+# --- a StreamingDataset's samples, batched by the loader ---------------------------------------
+
+def as_plain_collated(batch) -> dict:
+    """A default-collated batch (tensors and lists) as plain values."""
+    return {k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("workers,ctx,drop_last", [(1, "fork", False), (2, "fork", False), (2, "fork", True),
+                                                   (3, "fork", True), (2, "spawn", False)])
+def test_per_sample_batches_are_a_plain_loaders(dataset, workers, ctx, drop_last):
+    args = dict(batch_size=BATCH, num_workers=workers, multiprocessing_context=ctx, drop_last=drop_last)
+    want = [as_plain_collated(b) for b in DataLoader(dataset(), **args)]
+    loader = shardstream.StreamingDataLoader(dataset(), **args)
+    got = [as_plain_collated(b) for b in loader]
+    assert got == want
+    assert loader.batch_size == BATCH and loader.collate_fn is not None  # the loader's own, as given
+    ids = sorted(i for b in got for i in b["id"])
+    assert ids == list(range(1003)) or (drop_last and len(ids) > 1003 - BATCH * workers)
+
+
+def test_per_sample_batches_cross_in_groups(dataset):
+    loader = shardstream.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=2)
+    groups = list(loader._sample_groups)
+    assert all(type(g) is BatchGroup for g in groups)
+    assert sum(len(g.batches) for g in groups) == 126 and len(groups) <= 8
+    assert [len(g.batches) for g in groups[:2]] == [1, 1]
+    assert shardstream.StreamingDataLoader(dataset(), batch_size=BATCH, num_workers=2,
+                                           group_batches=False)._sample_groups is None
+
+
+def test_per_sample_persistent_workers_and_a_user_collate(dataset):
+    def ids_only(samples):
+        return {"id": [int(s["id"]) for s in samples], "pid": os.getpid()}
+
+    args = dict(batch_size=BATCH, num_workers=2, persistent_workers=True, collate_fn=ids_only)
+    plain, grouped = DataLoader(dataset(), **args), shardstream.StreamingDataLoader(dataset(), **args)
+    want = [[b["id"] for b in plain] for _ in range(2)]
+    got_batches = [list(grouped) for _ in range(2)]
+    assert [[b["id"] for b in epoch] for epoch in got_batches] == want and want[0] != want[1]
+    assert os.getpid() not in {b["pid"] for epoch in got_batches for b in epoch}
+
+
+def test_per_sample_resume_mid_epoch(dataset):
+    kw = dict(batch_size=BATCH, num_workers=2)
+    full = [i for b in shardstream.StreamingDataLoader(dataset(), **kw) for i in b["id"].tolist()]
+    loader = shardstream.StreamingDataLoader(dataset(), **kw)
+    it = iter(loader)
+    head = [i for _ in range(41) for i in next(it)["id"].tolist()]
+    state = loader.state_dict()
+    assert state["sample_in_epoch"] == 41 * BATCH
+    del it
+    resumed = shardstream.StreamingDataLoader(dataset(), **kw)
+    resumed.load_state_dict(state)
+    assert head + [i for b in resumed for i in b["id"].tolist()] == full

@@ -1,5 +1,5 @@
-"""Batch groups: how `StreamingDataLoader` moves `iter_batches`' small batches from DataLoader
-workers to the training process.
+"""Batch groups: how `StreamingDataLoader` moves small batches from DataLoader workers to the
+training process (`iter_batches`' batches, and a `StreamingDataset`'s collated samples).
 
 A torch DataLoader pays one round trip for every item a worker yields, whatever the item holds:
 an index sent to the worker's queue, the item pickled by a feeder thread into a pipe, the main
@@ -12,11 +12,16 @@ still goes through the loader's `collate_fn` in the worker, and the loader hands
 one at a time in the order a plain DataLoader yields them, round robin over the workers, one
 batch each, leaving out a worker once it has run out. The batches, their order, the resume
 state and `len` are those of a plain DataLoader; only the number of round trips changes.
+
+Per-sample datasets (`StreamingDataLoader(ds, batch_size=64, num_workers=2)`) go the same way
+through an internal DataLoader over `SampleGroups`, whose workers cut their samples into the
+batches torch's fetcher would make, collate each with the loader's `collate_fn`, and group them.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator
 
 # A group holds about this many bytes of column data (its batches are read in one call); batches
@@ -89,6 +94,28 @@ class GroupCollate:
             item.batches = [self.inner(b) for b in item.batches]
             return item
         return self.inner(item)
+
+
+def approx_bytes(obj: Any) -> int:
+    """About how many bytes of data a collated batch holds (tensors, arrays, bytes, str and
+    the dicts, lists and tuples around them; 8 for anything else)."""
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(obj, (bytes, bytearray, str, memoryview)):
+        return len(obj)
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):  # a torch tensor
+        return int(obj.element_size()) * int(obj.nelement())
+    if isinstance(obj, Mapping):
+        return sum(approx_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(approx_bytes(v) for v in obj)
+    return 8
+
+
+def keep(item: Any) -> Any:
+    """The internal loader's `collate_fn`: groups arrive made."""
+    return item
 
 
 def interleave(items: Iterable[Any], workers: int) -> Iterator[Any]:

@@ -13,13 +13,23 @@ batches per trip through the DataLoader's queues, handed out in the plain order.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from typing import Any, Iterator
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator
 
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shardstream._groups import GroupCollate, GroupingWorkerInit, interleave
+from shardstream._groups import (
+    BatchGroup,
+    GroupCollate,
+    GroupingWorkerInit,
+    approx_bytes,
+    batches_per_group,
+    interleave,
+    keep,
+)
 from shardstream.dataset import ColumnBatches, StreamingDataset
 
 
@@ -29,27 +39,38 @@ class StreamingDataLoader(DataLoader):
     count times the number of ranks, or of replication groups, as Mosaic's) and
     `load_state_dict()` resumes a new loader there, also at another world size.
 
-    With `iter_batches`' batches (`StreamingDataLoader(ds.iter_batches(64), batch_size=None,
-    num_workers=2)`), each worker sends its batches to this process in groups of up to 256 KiB
+    With workers, each worker sends its batches to this process in groups of up to 256 KiB
     instead of one by one, and the loader yields them one by one in the order a plain
     `DataLoader` would: the same batches, each through `collate_fn` in its worker, at a fraction
-    of the DataLoader's cost per batch. `group_batches=False` sends them one by one."""
+    of the DataLoader's cost per batch. That holds for `iter_batches`' batches
+    (`StreamingDataLoader(ds.iter_batches(64), batch_size=None, num_workers=2)`) and for a
+    `StreamingDataset`'s samples batched by the loader (`StreamingDataLoader(ds, batch_size=64,
+    num_workers=2)`, through an internal DataLoader with the same arguments).
+    `group_batches=False` sends them one by one."""
 
     def __init__(self, *args: Any, group_batches: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_samples_yielded = 0
-        # Groups need what the interleaving assumes: batches already made by `iter_batches`,
-        # worker processes, and items delivered in the order the workers were asked.
-        self._grouped = (
-            group_batches
-            and isinstance(self.dataset, ColumnBatches)
-            and self.num_workers > 0
-            and self.batch_size is None
-            and getattr(self, "in_order", True)
-        )
+        # Groups need what the interleaving assumes: worker processes, and items delivered in
+        # the order the workers were asked.
+        can_group = group_batches and self.num_workers > 0 and getattr(self, "in_order", True)
+        # `iter_batches`' batches, already made: the workers group them (`_batch_groups`).
+        self._grouped = can_group and isinstance(self.dataset, ColumnBatches) and self.batch_size is None
         if self._grouped:
             self.collate_fn = GroupCollate(self.collate_fn)
             self.worker_init_fn = GroupingWorkerInit(self.worker_init_fn)
+        # A StreamingDataset's samples, batched by the loader: an internal loader whose workers
+        # batch, collate and group them; this loader's own attributes stay as given.
+        self._sample_groups: DataLoader | None = None
+        if can_group and isinstance(self.dataset, StreamingDataset) and self.batch_size is not None:
+            given = inspect.signature(DataLoader.__init__).bind(self, *args, **kwargs).arguments
+            given.pop("self")
+            for name in ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+                given.pop(name, None)
+            self._sample_groups = DataLoader(
+                SampleGroups(self.dataset, self.batch_size, self.drop_last, self.collate_fn),
+                batch_size=None, collate_fn=keep, **given,
+            )
 
     @staticmethod
     def _get_batch_size(batch: Any) -> int:
@@ -65,9 +86,12 @@ class StreamingDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self.num_samples_yielded = 0
-        batches = super().__iter__()
-        if self._grouped:
-            batches = interleave(batches, self.num_workers)
+        if self._sample_groups is not None:
+            batches = interleave(self._sample_groups, self.num_workers)
+        elif self._grouped:
+            batches = interleave(super().__iter__(), self.num_workers)
+        else:
+            batches = super().__iter__()
         for batch in batches:
             self.num_samples_yielded += self._get_batch_size(batch)
             yield batch
@@ -91,3 +115,38 @@ class StreamingDataLoader(DataLoader):
         dataset = self._streaming()
         if dataset is not None:
             dataset.load_state_dict(obj)
+
+
+class SampleGroups(IterableDataset):
+    """A per-sample dataset's batches in groups, for `StreamingDataLoader`'s internal loader:
+    in a DataLoader worker, the worker's samples cut into batches of `batch_size` and collated
+    as torch's fetcher does (a last short batch kept unless `drop_last`), then sent as
+    `BatchGroup`s (the first holding one batch, the next about `GROUP_BYTES` of batches)."""
+
+    def __init__(self, dataset: Iterable, batch_size: int, drop_last: bool,
+                 collate_fn: Callable[[list], Any]) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+
+    def __iter__(self) -> Iterator[BatchGroup]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        samples = iter(self.dataset)
+        per_group = 1
+        while True:
+            batches: list = []
+            last = False
+            while len(batches) < per_group:
+                chunk = list(islice(samples, self.batch_size))
+                if len(chunk) < self.batch_size:
+                    last = True
+                    if chunk and not self.drop_last:
+                        batches.append(self.collate_fn(chunk))
+                    break
+                batches.append(self.collate_fn(chunk))
+            yield BatchGroup(worker, batches, last)
+            if last:
+                return
+            per_group = batches_per_group(approx_bytes(batches[-1]))
