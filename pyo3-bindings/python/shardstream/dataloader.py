@@ -7,8 +7,11 @@ would checkpoint nothing and restart every epoch from the beginning. This one is
 for shardstream's `StreamingDataset` (and its `iter_batches`), importable from `shardstream` in the
 same line as the dataset.
 
-Given `iter_batches`' batches and workers, it also moves them in groups (`_groups`): many small
-batches per trip through the DataLoader's queues, handed out in the plain order.
+With workers it also moves the batches in groups (`_groups`): many small batches per trip
+through the DataLoader's queues, handed out in the plain order; `iter_batches`' batches are
+grouped by the workers of this loader, a `StreamingDataset`'s samples by those of an internal
+loader made from the same arguments (`SampleGroups`), so set `collate_fn`, `worker_init_fn` and
+the rest when building the loader, not on it afterwards.
 """
 
 from __future__ import annotations
