@@ -514,8 +514,9 @@ impl NativeDataset {
                             if raw {
                                 Ok(Item::Raw(s.sample))
                             } else {
+                                let index = s.sample.index();
                                 parse_raw(&reader_decoder, s.sample, &reader_ds)
-                                    .map(Item::Parsed)
+                                    .map(|parsed| Item::Parsed(index, parsed))
                                     .map_err(|e| from_streamer(e.into()))
                             }
                         }
@@ -675,7 +676,8 @@ fn parse_raw(
 }
 
 enum Item {
-    Parsed(ParsedSample),
+    /// A decoded sample and its global index.
+    Parsed(u64, ParsedSample),
     Raw(RawSample),
 }
 
@@ -741,19 +743,33 @@ impl NativeStream {
 #[pymethods]
 impl NativeStream {
     /// Up to `n` decoded samples (dicts): those that have arrived, at least one; an empty list
-    /// at the end of the stream.
-    fn next_samples<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyList>> {
+    /// at the end of the stream. With `with_index`, each is `(global index, dict)`: what a
+    /// subclass's `__getitem__` is called with.
+    #[pyo3(signature = (n, with_index=false))]
+    fn next_samples<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        with_index: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
         // Whatever has arrived, at least one sample: waiting for all `n` would hold the first
         // sample back until a whole batch had been read (64 MB of 1 MB samples).
         let items = self.take(py, n.max(1), 1)?;
         let list = PyList::empty(py);
         for item in items {
-            match item {
-                Item::Parsed(p) => list.append(self.decoder.to_python(py, p)?)?,
+            let (index, parsed) = match item {
+                Item::Parsed(index, p) => (index, p),
                 Item::Raw(raw) => {
+                    let index = raw.index();
                     let parsed = parse_raw(&self.decoder, raw, &self.ds).map_err(from_format)?;
-                    list.append(self.decoder.to_python(py, parsed)?)?
+                    (index, parsed)
                 }
+            };
+            let sample = self.decoder.to_python(py, parsed)?;
+            if with_index {
+                list.append((index, sample))?;
+            } else {
+                list.append(sample)?;
             }
         }
         Ok(list)
@@ -806,7 +822,7 @@ impl NativeStream {
                 .into_iter()
                 .map(|item| match item {
                     Item::Raw(r) => Ok(r),
-                    Item::Parsed(_) => Err(PyValueError::new_err(
+                    Item::Parsed(..) => Err(PyValueError::new_err(
                         "this stream decodes samples; open it with raw=True for column batches",
                     )),
                 })

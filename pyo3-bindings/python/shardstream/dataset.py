@@ -213,6 +213,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     _prefetch: _native.NativePrefetch | None = None
     _prefetch_pid: int | None = None
     _iterations = 0  # iterations this object (or copy) has started
+    _current: tuple[int, Any] | None = None  # (index, sample) being handed to a subclass's `self[index]`
 
     def __init__(
         self,
@@ -429,9 +430,14 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         shards = self.shards_per_stream
         return np.repeat(np.arange(len(shards), dtype=np.int64), shards)
 
-    def get_item(self, index: int) -> dict:
-        """Sample `index` (Mosaic's name for `ds[index]`)."""
-        return self[index]
+    def get_item(self, index: int) -> Any:
+        """Sample `index` (random access; fetches its shard through the cache). As in Mosaic,
+        `ds[index]` calls it, and iteration calls `ds[index]` when a subclass overrides
+        `__getitem__` or `get_item`; the sample being iterated is then served from the stream."""
+        current = self._current
+        if current is not None and current[0] == index:
+            return current[1]
+        return self._native().get(int(index))
 
     @property
     def choose_per_stream(self) -> list[int]:
@@ -498,9 +504,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             return -(-n // p.processes)
         return n // p.processes
 
-    def __getitem__(self, index: int) -> dict:
-        """Sample `index` (random access; fetches its shard through the cache)."""
-        return self._native().get(index)
+    def __getitem__(self, index: int) -> Any:
+        """Sample `index` (random access; fetches its shard through the cache): `get_item`."""
+        return self.get_item(index)
+
+    def _transforms_samples(self) -> bool:
+        """Whether a subclass overrides `__getitem__` or `get_item` (Mosaic's way to transform
+        samples: its iteration yields `self[index]`)."""
+        cls = type(self)
+        return cls.__getitem__ is not StreamingDataset.__getitem__ or cls.get_item is not StreamingDataset.get_item
 
     # -- epochs and resume ----------------------------------------------------------------
 
@@ -652,13 +664,30 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         stream, p = self._stream(batch, raw=False)
         self._yielded = 0
         try:
-            while True:
-                samples = stream.next_samples(batch)
-                if not samples:
-                    break
-                for sample in samples:
-                    self._yielded += 1
-                    yield sample
+            if self._transforms_samples():
+                # As Mosaic's iteration: each sample through `self[index]`, which a subclass
+                # overrides to transform it; its `super().__getitem__(index)` gets the sample
+                # just streamed (`get_item`), not a second read.
+                while True:
+                    samples = stream.next_samples(batch, True)
+                    if not samples:
+                        break
+                    for current in samples:
+                        self._yielded += 1
+                        self._current = current
+                        try:
+                            item = self[current[0]]
+                        finally:
+                            self._current = None
+                        yield item
+            else:
+                while True:
+                    samples = stream.next_samples(batch)
+                    if not samples:
+                        break
+                    for sample in samples:
+                        self._yielded += 1
+                        yield sample
         finally:
             stream.close()
         self._iteration_ended(p)
@@ -679,7 +708,15 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         (`int`, `uint8`..`float64`, `ndarray:DTYPE:SHAPE`) as numpy arrays of shape
         `(n, *shape)`, every other column as a `VarColumn` (one buffer and offsets). Splits
         the epoch over ranks and DataLoader workers like `__iter__`. The result is itself an
-        `IterableDataset`: `DataLoader(ds.iter_batches(64), batch_size=None, num_workers=2)`."""
+        `IterableDataset`: `DataLoader(ds.iter_batches(64), batch_size=None, num_workers=2)`.
+        The columns are the stored ones: a subclass's `__getitem__` is not applied (a warning
+        says so)."""
+        if self._transforms_samples():
+            warnings.warn(
+                f"iter_batches yields the stored columns; {type(self).__name__}'s __getitem__/get_item "
+                "is not applied to them (iterate the dataset for transformed samples)",
+                stacklevel=2,
+            )
         return ColumnBatches(self, int(batch_size), list(columns) if columns else None)
 
     def _column_batches(
