@@ -14,7 +14,7 @@ batch each, leaving out a worker once it has run out. The batches, their order, 
 state and `len` are those of a plain DataLoader; only the number of round trips changes.
 
 Per-sample datasets (`StreamingDataLoader(ds, batch_size=64, num_workers=2)`) go the same way
-through an internal DataLoader over `SampleGroups`, whose workers cut their samples into the
+through an internal DataLoader over `shardstream.dataloader.SampleGroups`, whose workers cut their samples into the
 batches torch's fetcher would make, collate each with the loader's `collate_fn`, and group them.
 """
 

@@ -731,7 +731,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if shared:
             _share_buffers_in_this_worker()
         try:
-            if in_dataloader_worker() and grouping_in_this_process():
+            if grouping_in_this_process():  # set in StreamingDataLoader's workers only
                 yield from self._batch_groups(stream, batch_size, columns, encodings, shared)
             else:
                 while True:
