@@ -75,19 +75,6 @@ def collate(batch):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-class ColumnBatches:
-    """shardstream's batch path as docs/python.md prescribes: `iter_batches`' own batches (a
-    dict of an ids array and a `VarColumn`), with no Python object per sample, in the training
-    process (with workers, `build` hands `iter_batches` to shardstream's StreamingDataLoader);
-    the consumer takes the columns apart."""
-
-    def __init__(self, ds, batch_size: int) -> None:
-        self.ds, self.batch_size = ds, batch_size
-
-    def __iter__(self):
-        return iter(self.ds.iter_batches(self.batch_size))
-
-
 def keep_batch(batch):
     """The batch path's collate_fn in a DataLoader, as docs/python.md prescribes: the batch is
     already made, so numpy columns stay numpy instead of each becoming a tensor in its own
@@ -202,7 +189,9 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
             # groups and yields them one by one in the plain DataLoader's order.
             return shardstream.StreamingDataLoader(ds.iter_batches(bs), batch_size=None, num_workers=workers,
                                                    collate_fn=keep_batch), "columns"
-        return ColumnBatches(ds, bs), "columns"
+        # Without workers: `iter_batches`' own batches (a dict of an ids array and a `VarColumn`),
+        # no Python object per sample; the consumer takes the columns apart.
+        return ds.iter_batches(bs), "columns"
     elif SYSTEM == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming import downloader

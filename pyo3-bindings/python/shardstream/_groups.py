@@ -97,15 +97,14 @@ class GroupCollate:
 
 
 def approx_bytes(obj: Any) -> int:
-    """About how many bytes of data a collated batch holds (tensors, arrays, bytes, str and
-    the dicts, lists and tuples around them; 8 for anything else)."""
+    """About how many bytes of data a batch holds: what has an `nbytes` (tensors, arrays,
+    `VarColumn`s), bytes and str, and the dicts, lists and tuples around them; 8 for anything
+    else."""
     nbytes = getattr(obj, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
     if isinstance(obj, (bytes, bytearray, str, memoryview)):
         return len(obj)
-    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):  # a torch tensor
-        return int(obj.element_size()) * int(obj.nelement())
     if isinstance(obj, Mapping):
         return sum(approx_bytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):

@@ -22,7 +22,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 from shardstream._groups import (
     BatchGroup,
@@ -33,6 +33,7 @@ from shardstream._groups import (
     interleave,
     keep,
 )
+from shardstream._world import worker_id
 from shardstream.dataset import ColumnBatches, StreamingDataset
 
 
@@ -134,8 +135,7 @@ class SampleGroups(IterableDataset):
         self.collate_fn = collate_fn
 
     def __iter__(self) -> Iterator[BatchGroup]:
-        info = get_worker_info()
-        worker = info.id if info is not None else 0
+        worker = worker_id()
         samples = iter(self.dataset)
         per_group = 1
         while True:

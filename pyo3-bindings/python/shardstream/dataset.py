@@ -18,7 +18,7 @@ import numpy as np
 
 from shardstream import _native
 from shardstream._epochs import EpochRecords
-from shardstream._groups import BatchGroup, batches_per_group, grouping_in_this_process
+from shardstream._groups import BatchGroup, approx_bytes, batches_per_group, grouping_in_this_process
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, iteration_seed, placement, worker_id
@@ -75,6 +75,11 @@ class VarColumn:
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the column holds: its values and offsets (as numpy's `nbytes`)."""
+        return len(self.data) + self.offsets.nbytes
 
     def __getitem__(self, i: int) -> memoryview:
         n = len(self)
@@ -168,11 +173,6 @@ def _rebuild_column_batch(layout: tuple, blob: bytes, others: tuple) -> ColumnBa
             k += 1
             at += 8 * shape
     return out
-
-
-def _batch_bytes(batch: ColumnBatch) -> int:
-    """The column bytes a batch holds."""
-    return sum(v.nbytes if type(v) is np.ndarray else len(v.data) + v.offsets.nbytes for v in batch.values())
 
 
 def _cut(batch: ColumnBatch, size: int, count: int) -> list[ColumnBatch]:
@@ -784,7 +784,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             yield BatchGroup(worker, [batch] if per_group == 1 else _cut(batch, batch_size, count), last)
             if last:
                 return
-            per_group = batches_per_group(_batch_bytes(batch) * batch_size // max(1, count))
+            per_group = batches_per_group(approx_bytes(batch) * batch_size // max(1, count))
 
 
 def _discard_lineages(lineages: list[EpochRecords]) -> None:
