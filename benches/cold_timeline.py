@@ -12,6 +12,12 @@ benchmark (benches/run.py measures); docs/python.md ("Prefetch at construction")
     .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 6
     .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 6 --no-prefetch-on-init
     .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 6 --setup 1
+    .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 8 --loader streaming
+    .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 8 --loader streaming --no-early-first-batch
+
+`--loader streaming` iterates through `shardstream.StreamingDataLoader` (batch groups, and the
+first batch read in the training process) instead of a plain DataLoader; the workers' own
+events are then not logged (the loader needs `iter_batches`' batches unwrapped).
 
 The data sets are the ones `benches/run.py` writes under `.bench-work/run/data` (it writes them
 if they are missing).
@@ -40,11 +46,19 @@ from s3server import S3Server  # noqa: E402
 BATCH = 64
 
 
+def keep(batch):
+    return batch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="10KB", help="100B, 10KB or 1MB")
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs (one untimed first)")
     ap.add_argument("--no-prefetch-on-init", action="store_true", help="StreamingDataset(prefetch_on_init=False)")
+    ap.add_argument("--loader", choices=("torch", "streaming"), default="torch",
+                    help="a plain torch DataLoader, or shardstream.StreamingDataLoader")
+    ap.add_argument("--no-early-first-batch", action="store_true",
+                    help="with --loader streaming: StreamingDataLoader(early_first_batch=False)")
     ap.add_argument("--files", action="store_true", help="also poll the cache folder (costs CPU)")
     ap.add_argument("--quiet", action="store_true", help="one line per epoch")
     ap.add_argument("--setup", type=float, default=0.0, metavar="S",
@@ -109,7 +123,12 @@ def main() -> None:
             if a.setup:
                 time.sleep(a.setup)
                 t0 = time.time()
-            loader = DataLoader(Batches(ds), batch_size=None, num_workers=2, collate_fn=lambda b: b)
+            if a.loader == "streaming":
+                loader = shardstream.StreamingDataLoader(ds.iter_batches(BATCH), batch_size=None, num_workers=2,
+                                                         collate_fn=keep,
+                                                         early_first_batch=not a.no_early_first_batch)
+            else:
+                loader = DataLoader(Batches(ds), batch_size=None, num_workers=2, collate_fn=keep)
             received, samples = [], 0
             for b in loader:
                 received.append(time.time())

@@ -70,10 +70,11 @@ def column(plain: tuple, name: str) -> list:
     return next(entry[1] for entry in plain if entry[0] == name)
 
 
-def loaders(make, workers: int, ctx: str = "fork", **kw):
+def loaders(make, workers: int, ctx: str = "fork", early_first_batch: bool | None = None, **kw):
     """A plain DataLoader and a grouped StreamingDataLoader over equal datasets."""
     args = dict(batch_size=None, num_workers=workers, multiprocessing_context=ctx, **kw)
-    return DataLoader(make().iter_batches(BATCH), **args), shardstream.StreamingDataLoader(make().iter_batches(BATCH), **args)
+    return DataLoader(make().iter_batches(BATCH), **args), shardstream.StreamingDataLoader(
+        make().iter_batches(BATCH), early_first_batch=early_first_batch, **args)
 
 
 @pytest.mark.parametrize("workers,ctx", [(1, "fork"), (2, "fork"), (3, "fork"), (2, "spawn")])
@@ -109,12 +110,17 @@ def test_group_batches_false_sends_them_one_by_one(dataset):
     assert len(items) == 126 and not any(type(i) is BatchGroup for i in items)
 
 
-def test_collate_runs_in_the_workers_once_per_batch(dataset):
-    plain, grouped = loaders(dataset, 2, collate_fn=tag_with_pid)
+@pytest.mark.parametrize("early", [True, False])
+def test_collate_runs_in_the_workers_once_per_batch(dataset, early):
+    """Each batch is collated once: in a worker, but for the first one, which the loader reads
+    and collates in this process before the workers start (`early_first_batch`)."""
+    plain, grouped = loaders(dataset, 2, collate_fn=tag_with_pid, early_first_batch=early)
     got = list(grouped)
     assert [as_plain(b) for b in got] == [as_plain(b) for b in plain]
-    pids = {int(b["pid"][0]) for b in got}
-    assert len(pids) == 2 and os.getpid() not in pids
+    pids = [int(b["pid"][0]) for b in got]
+    workers = set(pids[1:]) if early else set(pids)
+    assert len(workers) == 2 and os.getpid() not in workers
+    assert (pids[0] == os.getpid()) == early
 
 
 def test_default_conversion_as_a_plain_loader(dataset):

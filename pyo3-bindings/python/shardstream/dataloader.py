@@ -12,15 +12,25 @@ through the DataLoader's queues, handed out in the plain order; `iter_batches`' 
 grouped by the workers of this loader, a `StreamingDataset`'s samples by those of an internal
 loader made from the same arguments (`SampleGroups`), so set `collate_fn`, `worker_init_fn` and
 the rest when building the loader, not on it afterwards.
+
+With workers it reads the first batch of each iteration in the training process, while the
+workers do not exist yet, and starts them (the DataLoader forks or spawns them) when the second
+batch is asked for; they stream the rest, in the same order (`StreamingDataset._first_batch`).
+A torch DataLoader's first batch waits for its workers to start (two forks of a torch process
+take 25-35 ms on the development VM) and then for a worker to read it; this one waits only for
+the read, which the dataset's prefetch at construction has usually started.
 """
 
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -50,11 +60,20 @@ class StreamingDataLoader(DataLoader):
     (`StreamingDataLoader(ds.iter_batches(64), batch_size=None, num_workers=2)`) and for a
     `StreamingDataset`'s samples batched by the loader (`StreamingDataLoader(ds, batch_size=64,
     num_workers=2)`, through an internal DataLoader with the same arguments).
-    `group_batches=False` sends them one by one."""
+    `group_batches=False` sends them one by one.
 
-    def __init__(self, *args: Any, group_batches: bool = True, **kwargs: Any) -> None:
+    With grouping, each iteration's first batch is read in this process before the workers
+    start (`early_first_batch`, on by default unless a `worker_init_fn` is given, since the
+    batch does not pass through it): the same batch, collated the same way, sooner. The workers
+    start when the second batch is asked for. Not with `persistent_workers=True`, whose workers
+    outlive the iteration."""
+
+    def __init__(self, *args: Any, group_batches: bool = True, early_first_batch: bool | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_samples_yielded = 0
+        user_worker_init = self.worker_init_fn
+        user_collate = self.collate_fn
         # Groups need what the interleaving assumes: worker processes, and items delivered in
         # the order the workers were asked.
         can_group = group_batches and self.num_workers > 0 and getattr(self, "in_order", True)
@@ -75,6 +94,14 @@ class StreamingDataLoader(DataLoader):
                 SampleGroups(self.dataset, self.batch_size, self.drop_last, self.collate_fn),
                 batch_size=None, collate_fn=keep, **given,
             )
+        # The first batch read here needs what a worker would have applied to it: the loader's
+        # collate_fn and nothing else (no worker_init_fn), and workers started afresh each time.
+        if early_first_batch is None:
+            early_first_batch = user_worker_init is None
+        self._early_first_batch = (
+            early_first_batch and (self._grouped or self._sample_groups is not None) and not self.persistent_workers
+        )
+        self._first_collate = user_collate
 
     @staticmethod
     def _get_batch_size(batch: Any) -> int:
@@ -90,15 +117,60 @@ class StreamingDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self.num_samples_yielded = 0
-        if self._sample_groups is not None:
-            batches = interleave(self._sample_groups, self.num_workers)
-        elif self._grouped:
-            batches = interleave(super().__iter__(), self.num_workers)
+        first = self._first_batch()
+        workers_started = False
+        try:
+            if first is not None:
+                self.num_samples_yielded += first[0]
+                yield first[1]
+            if self._sample_groups is not None:
+                batches = interleave(iter(self._sample_groups), self.num_workers)
+            elif self._grouped:
+                batches = interleave(super().__iter__(), self.num_workers)
+            else:
+                batches = super().__iter__()
+            workers_started = True
+            if first is not None:
+                first[2]._first_batch_done(True)
+            for batch in batches:
+                self.num_samples_yielded += self._get_batch_size(batch)
+                yield batch
+        finally:
+            if first is not None and not workers_started:
+                first[2]._first_batch_done(False)
+
+    def _first_batch(self) -> tuple[int, Any, StreamingDataset] | None:
+        """The iteration's first batch, read and collated in this process (`early_first_batch`),
+        with its sample count and dataset; `None` where the workers read it: a dataset whose
+        batches are not the loader's (a per-sample dataset with another `batch_size`), one
+        resumed per worker, or one too short to give every worker a batch after it."""
+        if not self._early_first_batch:
+            return None
+        if self._grouped:
+            dataset = self.dataset.dataset
+            size, columns, raw = self.dataset.batch_size, self.dataset.columns, True
         else:
-            batches = super().__iter__()
-        for batch in batches:
-            self.num_samples_yielded += self._get_batch_size(batch)
-            yield batch
+            dataset = self.dataset
+            size, columns, raw = int(self.batch_size), None, False
+            if int(dataset.batch_size or 1) != size:
+                return None
+        if dataset._worker_skip or len(dataset) < size * (self.num_workers + 1):
+            return None
+        # What the read and collate draw from the random generators (a transform, a random crop
+        # in collate_fn) must not shift the training process's own sequences.
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                count, batch = dataset._first_batch(size, columns, raw)
+                batch = self._first_collate(batch)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        if self.pin_memory and torch.cuda.is_available():
+            from torch.utils.data._utils.pin_memory import pin_memory
+
+            batch = pin_memory(batch, self.pin_memory_device or None)
+        return count, batch, dataset
 
     def _streaming(self) -> StreamingDataset | ColumnBatches | None:
         return self.dataset if isinstance(self.dataset, (StreamingDataset, ColumnBatches)) else None

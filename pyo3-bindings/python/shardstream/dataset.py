@@ -12,6 +12,7 @@ import os
 import uuid
 import warnings
 import weakref
+from itertools import islice
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -214,6 +215,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     _prefetch_pid: int | None = None
     _iterations = 0  # iterations this object (or copy) has started
     _current: tuple[int, Any] | None = None  # (index, sample) being handed to a subclass's `self[index]`
+    # Positions (all processes) read by the training process before its DataLoader workers of
+    # this iteration started (`_first_batch`); the workers start after them.
+    _head_skip = 0
 
     def __init__(
         self,
@@ -545,6 +549,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def _start_epoch(self, epoch: int) -> None:
         """Moves to the start of `epoch` (reached through the lineage's markers)."""
         self._epoch, self._resume_start, self._yielded, self._worker_skip = epoch, 0, 0, 0
+        self._head_skip = 0
 
     def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
         """The position to resume from, as Mosaic's `state_dict`: `num_samples` is the number of
@@ -630,7 +635,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if epoch != self._epoch:  # an earlier iteration started this copy's epoch
             self._start_epoch(epoch)
         p = self._placement()
-        start, worker = self._resume_start, p.worker
+        start, worker = self._resume_start + self._head_skip, p.worker
         if self._worker_skip:
             # This worker already yielded batches w, w + W, ... (k of them): start the stream at
             # its next batch, as worker 0 of a world whose start is that batch's first position.
@@ -664,33 +669,79 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         stream, p = self._stream(batch, raw=False)
         self._yielded = 0
         try:
-            if self._transforms_samples():
-                # As Mosaic's iteration: each sample through `self[index]`, which a subclass
-                # overrides to transform it; its `super().__getitem__(index)` gets the sample
-                # just streamed (`get_item`), not a second read.
-                while True:
-                    samples = stream.next_samples(batch, True)
-                    if not samples:
-                        break
-                    for current in samples:
-                        self._yielded += 1
-                        self._current = current
-                        try:
-                            item = self[current[0]]
-                        finally:
-                            self._current = None
-                        yield item
-            else:
-                while True:
-                    samples = stream.next_samples(batch)
-                    if not samples:
-                        break
-                    for sample in samples:
-                        self._yielded += 1
-                        yield sample
+            yield from self._samples_of(stream, batch)
         finally:
             stream.close()
         self._iteration_ended(p)
+
+    def _samples_of(self, stream: Any, batch: int) -> Iterator[Any]:
+        """The samples of `stream`, read `batch` at a time, counted in `_yielded`."""
+        if self._transforms_samples():
+            # As Mosaic's iteration: each sample through `self[index]`, which a subclass
+            # overrides to transform it; its `super().__getitem__(index)` gets the sample
+            # just streamed (`get_item`), not a second read.
+            while True:
+                samples = stream.next_samples(batch, True)
+                if not samples:
+                    break
+                for current in samples:
+                    self._yielded += 1
+                    self._current = current
+                    try:
+                        item = self[current[0]]
+                    finally:
+                        self._current = None
+                    yield item
+        else:
+            while True:
+                samples = stream.next_samples(batch)
+                if not samples:
+                    break
+                for sample in samples:
+                    self._yielded += 1
+                    yield sample
+
+    def _first_batch(self, batch_size: int, columns: list[str] | None, raw: bool) -> tuple[int, Any]:
+        """Reads, in this process, the batch its DataLoader worker 0 would yield first in the
+        next iteration, and sets the workers started next to stream the rest of it
+        (`StreamingDataLoader`; docs/python.md, "The first batch before the workers"). The
+        workers split this process's part by batch, round robin from worker 0, so the first
+        `batch_size` samples of the part are worker 0's first batch, and workers split from the
+        next position on yield the rest in the same order: a resume one batch in.
+
+        Returns the number of samples read and the batch: a `ColumnBatch` with `raw`, else
+        the list of samples (through a subclass's `self[index]`). The epoch is the one the
+        workers would take (the one after the latest started); the iteration gets a lineage of
+        its own, so that the workers stream that epoch and the next iteration the one after."""
+        latest = self._lineages[-1].latest_started()
+        epoch = self._epoch if latest is None else latest + 1
+        if epoch != self._epoch:
+            self._stop_prefetch()  # it was downloading an earlier epoch's shards
+            self._start_epoch(epoch)
+        p = self._placement()
+        stream = self._native().stream(
+            epoch=self._epoch, workers=1, batch_size=batch_size, worker=0, start=self._resume_start,
+            raw=raw, **_process_of(p), **self._order(p),
+        )
+        try:
+            if raw:
+                count, batch = self._next_column_batch(stream, batch_size, columns, self.columns, False)
+            else:
+                batch = list(islice(self._samples_of(stream, batch_size), batch_size))
+                count = len(batch)
+        finally:
+            stream.close()
+        self._lineages.append(EpochRecords())
+        self._yielded = 0
+        self._head_skip = p.processes * count
+        return count, batch
+
+    def _first_batch_done(self, workers_started: bool) -> None:
+        """After `_first_batch`: the workers have their copies (the skip is theirs alone), or
+        the iteration ended before they started, and then it counts as this epoch's."""
+        self._head_skip = 0
+        if not workers_started:
+            self._lineages[-1].start(self._epoch, uuid.uuid4().hex)
 
     def _iteration_ended(self, p: Placement) -> None:
         """An iteration ran to its end. It is recorded (see `_epochs`); in a single process the
