@@ -20,7 +20,7 @@ use shardstream_sharding::value::DType;
 use shardstream_sharding::FormatError;
 use shardstream_streamer::buffers::{BufferPool, PooledBuffer};
 use shardstream_streamer::order::{
-    EpochOrder, OrderConfig, Rank, Remainder, StreamState, Weight, World,
+    EpochOrder, OrderConfig, Rank, Remainder, Sampling, StreamState, Weight, World,
 };
 use shardstream_streamer::{
     Prefetch, RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
@@ -167,7 +167,7 @@ impl NativeDataset {
     #[pyo3(signature = (remote, *, split=None, local=None, cache_root=None, run_id=None,
         node_rank=None, memory_limit=None, cache_limit=None, copy_local=false,
         validate_hash=false, allow_unsafe_types=false, streams=None, epoch_size=None,
-        zero_copy=false))]
+        zero_copy=false, sampling_method="balanced"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -185,7 +185,17 @@ impl NativeDataset {
         streams: Option<Vec<PyStream>>,
         epoch_size: Option<u64>,
         zero_copy: bool,
+        sampling_method: &str,
     ) -> PyResult<Self> {
+        let sampling = match sampling_method {
+            "balanced" => Sampling::Balanced,
+            "fixed" => Sampling::Fixed,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "sampling_method must be 'balanced' or 'fixed', got {other:?}"
+                )))
+            }
+        };
         let limit = memory_limit.unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
         let binding_bytes = limit / BINDING_SHARE;
         // Half the share for the (at most 4) chunks in flight, half for the batch pool below.
@@ -203,6 +213,7 @@ impl NativeDataset {
             copy_local,
             validate_hash,
             allow_unsafe_types,
+            sampling,
         };
         let specs = streams
             .map(|s| s.into_iter().map(stream_spec).collect::<PyResult<Vec<_>>>())

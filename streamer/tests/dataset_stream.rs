@@ -482,6 +482,65 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
     assert!(copies_in(&local.cache_dir().join("indexes")).is_empty());
 }
 
+/// `StreamingConfig::sampling`: with [`Sampling::Fixed`] a stream whose epoch share is a part of
+/// it (100 of B's 200) yields the same samples every epoch, in a new order; with the default
+/// (balanced) a fresh subset each epoch.
+#[test]
+fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
+    use shardstream_streamer::order::{Rank, Sampling, Weight};
+    use shardstream_streamer::{StreamPlan, StreamSpec};
+    use std::collections::BTreeSet;
+
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_dataset(a.path(), &Spec::small(120));
+    write_dataset(b.path(), &Spec::small(200));
+    let stream = |dir: &Path, weight| StreamSpec {
+        remote: dir.display().to_string(),
+        split: None,
+        weight,
+        location: None,
+    };
+    // B's samples of `epoch` (global indexes after A's 120), in the order streamed.
+    let epoch_of_b = |ds: &StreamingDataset, epoch: u64| -> Vec<u64> {
+        let plan = StreamPlan {
+            order: shuffled(),
+            epoch,
+            world: World::new(1, 1, 1, 1).unwrap(),
+            rank: Rank {
+                node: 0,
+                local_process: 0,
+                worker: 0,
+            },
+            start: 0,
+        };
+        let indexes = ds.stream(plan).unwrap().map(|item| item.unwrap().index);
+        indexes.filter(|&i| i >= 120).collect()
+    };
+    for sampling in [Sampling::Fixed, Sampling::Balanced] {
+        let cache = tempfile::tempdir().unwrap();
+        let ds = StreamingDataset::open_streams(
+            StreamingConfig {
+                sampling,
+                ..config(cache.path())
+            },
+            vec![
+                stream(a.path(), Weight::Natural),
+                stream(b.path(), Weight::Choose(100)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(ds.shape().sampling(), sampling);
+        let epochs: Vec<Vec<u64>> = (0..3).map(|e| epoch_of_b(&ds, e)).collect();
+        let subsets: BTreeSet<BTreeSet<u64>> =
+            epochs.iter().map(|e| e.iter().copied().collect()).collect();
+        assert!(epochs.iter().all(|e| e.len() == 100));
+        assert_ne!(epochs[0], epochs[1], "each epoch has its own order");
+        let want = if sampling == Sampling::Fixed { 1 } else { 3 };
+        assert_eq!(subsets.len(), want, "{sampling:?}");
+    }
+}
+
 /// Streams one whole epoch of `ds` as a single process (the stream's end waits for the index
 /// copy it saves).
 fn stream_epoch(ds: &StreamingDataset) {

@@ -104,6 +104,33 @@ def test_mix_is_deterministic_and_epochs_differ(two, stream_env):
     assert {i for s, i in first if s == "a"} != {i for s, i in second if s == "a"}
 
 
+def test_fixed_sampling_keeps_the_subset_every_epoch(two, stream_env):
+    """Mosaic's `sampling_method="fixed"`: a partial repeat keeps the same samples each epoch
+    (in a new order), where "balanced" draws a fresh subset; the per-stream counts are Mosaic's."""
+    weights = [{"proportion": 1.0}, {"proportion": 1.0}]  # 80 of A's 120 each epoch
+    subsets = {}
+    for method in ("fixed", "balanced"):
+        epochs = [_ours(two, weights, epoch=e, sampling_method=method) for e in range(3)]
+        subsets[method] = [frozenset(i for s, i in epoch if s == "a") for epoch in epochs]
+        assert all(len(sub) == 80 for sub in subsets[method])
+        assert epochs[0] != epochs[1]  # each epoch its own order either way
+        assert _profile(epochs[0]) == _profile(_mosaic(two, weights, sampling_method=method))
+    assert len(set(subsets["fixed"])) == 1
+    assert len(set(subsets["balanced"])) == 3
+    # Through DataLoader workers the same as in one process.
+    assert _ours(two, weights, epoch=1, workers=0, sampling_method="fixed") == _ours(
+        two, weights, epoch=1, sampling_method="fixed")
+    with pytest.raises(ValueError, match="sampling_method"):
+        shardstream.StreamingDataset(local=str(two / "a"), sampling_method="random")
+    # A state names its sampling: it resumes only a dataset that samples the same way.
+    fixed = shardstream.StreamingDataset(streams=[shardstream.Stream(local=str(two / n), **w)
+                                                  for n, w in zip("ab", weights)], sampling_method="fixed")
+    balanced = shardstream.StreamingDataset(streams=[shardstream.Stream(local=str(two / n), **w)
+                                                     for n, w in zip("ab", weights)])
+    with pytest.raises(ValueError, match="fingerprint"):
+        balanced.load_state_dict(fixed.state_dict(10))
+
+
 def test_stream_arguments_are_checked(two, stream_env):
     with pytest.raises(ValueError, match="At most one"):
         shardstream.Stream(local=str(two / "a"), proportion=1.0, choose=3)

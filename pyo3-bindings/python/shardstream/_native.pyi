@@ -55,6 +55,7 @@ class NativeDataset:
         streams: Sequence[tuple[str, str | None, str, float]] | None = ...,
         epoch_size: int | None = ...,
         zero_copy: bool = ...,
+        sampling_method: str = ...,
     ) -> None: ...
     @property
     def num_samples(self) -> int: ...

@@ -51,7 +51,7 @@ DEFAULT_WINDOW = 16
 # has its own download scheduling, sample order and partition.
 _IGNORED_MOSAIC_ARGS = {
     "download_retry", "download_timeout", "keep_zip",
-    "sampling_method", "sampling_granularity", "partition_algo", "shuffle_algo",
+    "sampling_granularity", "partition_algo", "shuffle_algo",
     "batching_method", "allow_unsafe_types_in_streams",
 }
 
@@ -246,6 +246,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         zero_copy: bool = False,
         prefetch_on_init: bool = True,
         replication: int | None = None,
+        sampling_method: str = "balanced",
         **kwargs: Any,
     ) -> None:
         remote, local, cache_root = path_text(remote), path_text(local), path_text(cache_root)
@@ -283,6 +284,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         epoch_size = parse_count(epoch_size, "epoch_size")
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
+        if sampling_method not in ("balanced", "fixed"):
+            raise ValueError(f"sampling_method must be 'balanced' or 'fixed', got {sampling_method!r}")
         self.remote = remote
         self.local = local
         self.split = split
@@ -295,6 +298,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self.remainder = remainder
         self.streams = streams
         self.zero_copy = bool(zero_copy)
+        self.sampling_method = sampling_method
         self.replication = None if replication is None else int(replication)
         if self.replication is not None:
             placement().replicated(self.replication)  # a factor that does not fit fails here
@@ -304,6 +308,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             streams=specs,
             epoch_size=epoch_size,
             zero_copy=self.zero_copy,
+            sampling_method=sampling_method,
             split=split,
             local=local if remote is not None else None,
             cache_root=cache_root,

@@ -112,6 +112,9 @@ pub struct StreamingConfig {
     pub validate_hash: bool,
     /// Allow `pkl` columns.
     pub allow_unsafe_types: bool,
+    /// Which samples a stream whose epoch share is not a whole number of passes keeps: a fresh
+    /// subset each epoch (Mosaic's default `sampling_method="balanced"`) or the same one.
+    pub sampling: Sampling,
 }
 
 impl StreamingConfig {
@@ -311,7 +314,7 @@ impl StreamingDataset {
             shapes.push((StreamShape::new(counts)?, weight));
             locations.push(location);
         }
-        let shape = DatasetShape::mixed(shapes, epoch_size, Sampling::Balanced)?;
+        let shape = DatasetShape::mixed(shapes, epoch_size, config.sampling)?;
         // Read in place, a local-only dataset's folder holds only lock files and is named by its
         // paths; compressed, it holds the shards decompressed from those files (as Mosaic's
         // `local=` without a `remote` decompresses next to them) and is named by its paths and
