@@ -1,6 +1,7 @@
 """Through DataLoader workers, each iteration streams the next epoch by itself, as Mosaic's
 StreamingDataset does: with fresh workers each epoch and with `persistent_workers=True` (whose
-copies never see the training process's `set_epoch`), with or without `set_epoch`, and after an
+copies are made once; the training process's `set_epoch` and `load_state_dict` reach them through
+the markers), with or without `set_epoch`, and after an
 iteration left with `break` too. Each epoch
 is complete and is the same sequence as that epoch streamed by a single process; the training
 process's `epoch` and `state_dict` follow the workers, so a resume lands in the right epoch."""
@@ -123,3 +124,30 @@ def test_a_generator_seeded_afresh_each_epoch(root):
     for epoch in range(2):
         loader = DataLoader(ds, batch_size=BATCH, num_workers=2, generator=torch.Generator().manual_seed(7))
         assert [i for b in loader for i in _ids(b)] == want[epoch]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_set_epoch_and_load_state_dict_reach_persistent_workers(root, persistent, ctx):
+    """The training process's `set_epoch` (a jump) and `load_state_dict` between iterations
+    reach workers that were started before them and persist: they stream the chosen epoch (from
+    the chosen position), and the iteration after it the epoch after that."""
+    single = _dataset(root)
+    want = [[int(s["id"]) for s in single] for _ in range(5)]
+    ds = _dataset(root)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=persistent,
+                        multiprocessing_context=ctx)
+
+    def epoch() -> list[int]:
+        return [i for b in loader for i in _ids(b)]
+
+    assert epoch() == want[0]
+    ds.set_epoch(3)
+    assert epoch() == want[3]
+    assert ds.epoch == 3
+    assert epoch() == want[4]
+    saved = _dataset(root)
+    saved.set_epoch(1)
+    ds.load_state_dict(saved.state_dict(num_samples=2 * BATCH * 3))
+    assert epoch() == want[1][2 * BATCH * 3:]
+    assert epoch() == want[2]

@@ -20,17 +20,25 @@ started) and records it; the others find its marker. A name met again after its 
 finished by every worker (a DataLoader whose generator is seeded afresh each epoch draws the same
 base) starts the next epoch too. In a single process each iteration has a name of its own.
 
+An explicit choice in the training process (`set_epoch`, `load_state_dict`) starts a new lineage
+there, and leaves in the old one a `next` file naming the new lineage and the order's settings
+and position it chose. Copies made before (the persistent workers of a DataLoader, which keep
+theirs for the whole run) follow `next` files at the start of their next iteration, so they
+stream the epoch the training process chose, not the one after their last.
+
 The folder is under the system's temporary directory (each rank's processes run in one pod or
 machine); the process that made a lineage removes its folder when its dataset object goes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import tempfile
 import uuid
+from typing import Any
 
 _ROOT = os.path.join(tempfile.gettempdir(), "shardstream-epochs")
 _ENDED = re.compile(r"e(\d+)-w(\d+)-of(\d+)")
@@ -40,9 +48,9 @@ _STARTED = re.compile(r"s(\d+)-(.+)")
 class EpochRecords:
     """The marker files of one lineage."""
 
-    def __init__(self) -> None:
-        self.key = uuid.uuid4().hex
-        self.owner = os.getpid()
+    def __init__(self, key: str | None = None, owner: int | None = None) -> None:
+        self.key = key or uuid.uuid4().hex
+        self.owner = os.getpid() if owner is None else owner
 
     @property
     def folder(self) -> str:
@@ -101,6 +109,31 @@ class EpochRecords:
     def finish(self, epoch: int, worker: int, workers: int) -> None:
         """Records that `worker` of `workers` streamed its whole share of `epoch`."""
         self._touch(f"e{epoch}-w{worker}-of{workers}")
+
+    def replaced_by(self, new: EpochRecords, settings: dict[str, Any]) -> None:
+        """Records that the training process replaced this lineage with `new`, choosing
+        `settings` (the dataset's epoch, position and order), for copies that still use this
+        one. Written whole (a temporary file renamed), so a reader never sees part of it."""
+        body = json.dumps({"key": new.key, "owner": new.owner, "settings": settings})
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            tmp = os.path.join(self.folder, f".next.{os.getpid()}")
+            with open(tmp, "w") as f:
+                f.write(body)
+            os.replace(tmp, os.path.join(self.folder, "next"))
+        except OSError:
+            # Only copies made before the choice need it: without it they stream the epoch
+            # after their last, as they did before the file existed.
+            pass
+
+    def replacement(self) -> tuple[EpochRecords, dict[str, Any]] | None:
+        """The lineage that replaced this one and the settings chosen with it, if any."""
+        try:
+            with open(os.path.join(self.folder, "next")) as f:
+                found = json.load(f)
+            return EpochRecords(str(found["key"]), int(found["owner"])), dict(found["settings"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def latest_started(self) -> int | None:
         return max((e for e, _ in self._starts(self._names())), default=None)

@@ -534,6 +534,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             self._resume_start = 0
         self._epoch = int(epoch)
         self._yielded = 0
+        self._announce_choice()
         if changed:
             self._retarget_prefetch()
 
@@ -627,7 +628,34 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._epoch = epoch
         self._resume_start = consumed
         self._yielded = 0
+        if worker is None:
+            self._announce_choice()
         self._retarget_prefetch()
+
+    # What `set_epoch` and `load_state_dict` choose, as copies made earlier take it over.
+    _CHOSEN = ("_epoch", "_resume_start", "shuffle_seed", "shuffle", "_window", "_lanes", "remainder",
+               "_ramp", "_sample_ramp")
+
+    def _announce_choice(self) -> None:
+        """After `set_epoch` / `load_state_dict` in the training process: tells the copies of
+        this dataset made before (persistent DataLoader workers) the new lineage and what was
+        chosen (see `_epochs`)."""
+        if not in_dataloader_worker() and len(self._lineages) > 1:
+            self._lineages[-2].replaced_by(self._lineages[-1], {k: getattr(self, k) for k in self._CHOSEN})
+
+    def _follow_choices(self) -> None:
+        """In a copy made before the training process's latest `set_epoch` / `load_state_dict`
+        (a persistent worker's): takes that choice over, as a copy made after it would have."""
+        while True:
+            found = self._lineages[-1].replacement()
+            if found is None:
+                return
+            lineage, chosen = found
+            self._lineages.append(lineage)
+            for name in self._CHOSEN:
+                if name in chosen:
+                    setattr(self, name, chosen[name])
+            self._yielded = self._worker_skip = self._head_skip = 0
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -636,6 +664,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._stop_prefetch()
         self._iter_batch = batch_size
         self._iterations += 1
+        self._follow_choices()
         epoch = self._lineages[-1].start(self._epoch, self._iteration_name())
         if epoch != self._epoch:  # an earlier iteration started this copy's epoch
             self._start_epoch(epoch)
