@@ -18,7 +18,6 @@ import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.utils.data import DataLoader
 
 import shardstream
 from shardstream import checkpoint as ss_ckpt
@@ -53,6 +52,9 @@ def main() -> None:
         remote=args.dataset, shuffle=True, shuffle_seed=7, batch_size=BATCH, memory_limit="64MiB"
     )
 
+    # shardstream's StreamingDataLoader (Mosaic's): its state_dict() is the position of the whole
+    # job in the epoch, and it reads each epoch's first batch before its workers have started.
+    loader = shardstream.StreamingDataLoader(ds, batch_size=BATCH, num_workers=args.workers, collate_fn=collate)
     step = 0
     latest = ss_ckpt.latest(args.ckpt_root)
     if latest is not None:
@@ -62,11 +64,10 @@ def main() -> None:
         dcp.load(state, storage_reader=ss_ckpt.StorageReader(latest))
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
-        ds.load_state_dict(json.loads(state["loader"]))
+        loader.load_state_dict(json.loads(state["loader"]))
         step = int(state["step"])
         print(f"resumed from {latest} at step {step}")
 
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=args.workers, collate_fn=collate)
     log = open(args.log, "a") if args.log else None
     loss = torch.tensor(0.0)
     while step < args.steps:
@@ -80,11 +81,10 @@ def main() -> None:
                 log.write(" ".join(map(str, ids.tolist())) + "\n")
                 log.flush()
             if step % CKPT_EVERY == 0:
-                consumed = step * BATCH - (step * BATCH // len(ds)) * len(ds)
                 state = {
                     "model": model.state_dict(),
                     "optim": opt.state_dict(),
-                    "loader": json.dumps(ds.state_dict(num_samples=consumed, from_beginning=True)),
+                    "loader": json.dumps(loader.state_dict()),
                     "step": step,
                 }
                 url = f"{args.ckpt_root.rstrip('/')}/step-{step:06d}"
@@ -95,8 +95,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step >= args.steps:
                 break
-        else:
-            ds.set_epoch(step * BATCH // len(ds))  # with workers, set the epoch before each one
+        # The next iteration streams the next epoch by itself (also after a resumed one).
     print(f"done: {step} steps, final loss {loss.item():.3f}")
 
 
