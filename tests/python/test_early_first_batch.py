@@ -91,17 +91,28 @@ def test_off_it_is_a_plain_loaders_start(root):
     assert alive == [2, 2]
 
 
-def test_not_with_a_worker_init_fn_persistent_workers_or_another_batch_size(root):
+def test_not_with_a_worker_init_fn_or_another_batch_size(root):
     """Where the first batch would not be what a worker makes of it, the workers read it."""
-    for kw in (dict(worker_init_fn=keep), dict(persistent_workers=True)):
-        plain, loader = column_loaders(root, **kw)
-        got, alive = epochs_with_workers_seen(loader)
-        assert got == epochs_with_workers_seen(plain)[0] and alive[0] == 2
+    plain, loader = column_loaders(root, worker_init_fn=keep)
+    got, alive = epochs_with_workers_seen(loader)
+    assert got == epochs_with_workers_seen(plain)[0] and alive == [2, 2]
     # A per-sample dataset batched by the loader in batches of another size than its own.
     plain = DataLoader(dataset(root), batch_size=2 * BATCH, num_workers=2)
     loader = shardstream.StreamingDataLoader(dataset(root), batch_size=2 * BATCH, num_workers=2)
     got, alive = epochs_with_workers_seen(loader, 1)
     assert got == epochs_with_workers_seen(plain, 1)[0] and alive == [2]
+
+
+@pytest.mark.parametrize("kind", ["columns", "samples"])
+def test_persistent_workers_only_the_first_iteration(root, kind):
+    """Persistent workers start once: the first iteration's first batch is read here before
+    them, the later iterations' come from the running workers, all as a plain loader's."""
+    make = column_loaders if kind == "columns" else sample_loaders
+    plain, loader = make(root, persistent_workers=True)
+    got, alive = epochs_with_workers_seen(loader, 3)
+    assert got == epochs_with_workers_seen(plain, 3)[0]
+    assert alive == [0, 2, 2]
+    assert len({tuple(i for b in epoch for i in b) for epoch in got}) == 3
 
 
 def test_a_break_after_the_first_batch_moves_to_the_next_epoch(root):

@@ -65,8 +65,8 @@ class StreamingDataLoader(DataLoader):
     With grouping, each iteration's first batch is read in this process before the workers
     start (`early_first_batch`, on by default unless a `worker_init_fn` is given, since the
     batch does not pass through it): the same batch, collated the same way, sooner. The workers
-    start when the second batch is asked for. Not with `persistent_workers=True`, whose workers
-    outlive the iteration."""
+    start when the second batch is asked for. With `persistent_workers=True` only in the first
+    iteration: later ones are served by the workers already running."""
 
     def __init__(self, *args: Any, group_batches: bool = True, early_first_batch: bool | None = None,
                  **kwargs: Any) -> None:
@@ -99,7 +99,7 @@ class StreamingDataLoader(DataLoader):
         if early_first_batch is None:
             early_first_batch = user_worker_init is None
         self._early_first_batch = (
-            early_first_batch and (self._grouped or self._sample_groups is not None) and not self.persistent_workers
+            early_first_batch and (self._grouped or self._sample_groups is not None)
         )
         self._first_collate = user_collate
 
@@ -146,6 +146,9 @@ class StreamingDataLoader(DataLoader):
         resumed per worker, or one too short to give every worker a batch after it."""
         if not self._early_first_batch:
             return None
+        workers = self._sample_groups if self._sample_groups is not None else self
+        if self.persistent_workers and workers._iterator is not None:
+            return None  # the workers run already: the skip could not reach their copies
         if self._grouped:
             dataset = self.dataset.dataset
             size, columns, raw = self.dataset.batch_size, self.dataset.columns, True

@@ -669,7 +669,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if epoch != self._epoch:  # an earlier iteration started this copy's epoch
             self._start_epoch(epoch)
         p = self._placement()
+        # The skip is the first iteration's only (persistent workers keep their copies).
         start, worker = self._resume_start + self._head_skip, p.worker
+        self._head_skip = 0
         if self._worker_skip:
             # This worker already yielded batches w, w + W, ... (k of them): start the stream at
             # its next batch, as worker 0 of a world whose start is that batch's first position.
