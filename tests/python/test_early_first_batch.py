@@ -2,8 +2,8 @@
 DataLoader starts its workers, and the workers stream the rest (docs/python.md, "The first
 batch before the workers"). What the training loop sees must be a plain DataLoader's: the same
 batches in the same order, epoch after epoch, the same resume state, also cold from S3, for
-`iter_batches` and for per-sample batches, under fork and spawn, for every rank; and the
-training process's random generators must not move."""
+`iter_batches` and for per-sample batches, under fork and spawn, for every rank; and random
+transforms and the training process's generators must give a plain DataLoader's values."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_a_break_after_the_first_batch_moves_to_the_next_epoch(root):
 
 
 @pytest.mark.parametrize("kind", ["columns", "samples"])
-@pytest.mark.parametrize("stop", [1, 2, 7])
+@pytest.mark.parametrize("stop", [1, 2, 7, 23])
 def test_resume_from_a_state_taken_at_any_batch(root, kind, stop):
     """A state saved after the first batch (before the workers exist), just after they start,
     or later resumes a new loader at exactly the next sample."""
@@ -153,6 +153,22 @@ def test_resume_from_a_state_taken_at_any_batch(root, kind, stop):
     assert seen + rest == want
 
 
+def test_a_state_loaded_after_a_peek_at_the_first_batch(root):
+    """An iteration left after its first batch (its workers never started), then a state
+    loaded and a new iteration: the new one resumes the loaded position exactly."""
+    _, whole = column_loaders(root)
+    epochs = [[i for b in whole for i in ids_of(b)] for _ in range(2)]
+    saved = dataset(root)
+    saved.set_epoch(1)
+    state = saved.state_dict(num_samples=3 * BATCH)
+    _, loader = column_loaders(root)
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    it = iter(loader)  # the first generator is dropped here
+    assert [i for b in it for i in ids_of(b)] == epochs[1][3 * BATCH:]
+
+
 class Noisy(shardstream.StreamingDataset):
     """A transform that draws from every random generator the training process has."""
 
@@ -162,18 +178,42 @@ class Noisy(shardstream.StreamingDataset):
         return sample
 
 
-def test_the_training_process_random_state_does_not_move(root):
-    ds = Noisy(local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH)
-    loader = shardstream.StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    it = iter(loader)
-    first = next(it)
-    assert len(multiprocessing.active_children()) == 0 and len(first["noise"]) == BATCH
-    got = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+def noisy_collate(batch):
+    """`iter_batches`' batch with a column drawn from every random generator (per batch)."""
+    n = len(batch["id"])
+    batch["noise"] = np.array([random.random() for _ in range(n)]) + np.random.rand(n) + torch.rand(n).numpy()
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["samples", "columns"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_random_transforms_and_generators_as_a_plain_loader(root, kind, persistent):
+    """Random transforms give the very values a plain DataLoader's workers give (the first
+    batch is drawn under worker 0's seeds, and worker 0 goes on from there), and the training
+    process's generators go as with a plain DataLoader (its base-seed draw included), over two
+    epochs."""
+
+    def run(cls):
+        random.seed(1), np.random.seed(1), torch.manual_seed(1)
+        if kind == "samples":
+            loader = cls(Noisy(local=str(root), shuffle=True, shuffle_seed=3, batch_size=BATCH), batch_size=BATCH,
+                         num_workers=2, persistent_workers=persistent)
+        else:
+            loader = cls(dataset(root).iter_batches(BATCH), batch_size=None, num_workers=2,
+                         persistent_workers=persistent, collate_fn=noisy_collate)
+        out, alive = [], []
+        for _ in range(2):
+            for k, batch in enumerate(loader):
+                out.append((ids_of(batch), [float(x) for x in batch["noise"]]))
+                if k == 0:
+                    alive.append(len(multiprocessing.active_children()))
+                    out.append((random.random(), float(np.random.rand()), float(torch.rand(1))))
+        return out, alive
+
+    got, alive = run(shardstream.StreamingDataLoader)
+    want, _ = run(DataLoader)
     assert got == want
-    assert sorted(ids_of(first) + [i for b in it for i in ids_of(b)]) == list(range(N))
+    assert alive == ([0, 2] if persistent else [0, 0])
 
 
 def test_every_rank(root, monkeypatch):

@@ -114,14 +114,14 @@ class EpochRecords:
         """Records that the training process replaced this lineage with `new`, choosing
         `settings` (the dataset's epoch, position and order), for copies that still use this
         one. Written whole (a temporary file renamed), so a reader never sees part of it."""
-        body = json.dumps({"key": new.key, "owner": new.owner, "settings": settings})
         try:
+            body = json.dumps({"key": new.key, "owner": new.owner, "settings": settings})
             os.makedirs(self.folder, exist_ok=True)
             tmp = os.path.join(self.folder, f".next.{os.getpid()}")
             with open(tmp, "w") as f:
                 f.write(body)
             os.replace(tmp, os.path.join(self.folder, "next"))
-        except OSError:
+        except (OSError, TypeError, ValueError):
             # Only copies made before the choice need it: without it they stream the epoch
             # after their last, as they did before the file existed.
             pass

@@ -117,15 +117,15 @@ def keep(item: Any) -> Any:
     return item
 
 
-def interleave(items: Iterable[Any], workers: int) -> Iterator[Any]:
+def interleave(items: Iterable[Any], workers: int, turn: int = 0) -> Iterator[Any]:
     """The batches of the groups `items` (as a DataLoader yields them: round robin over the
     workers that still have groups) in the order a plain DataLoader yields the same batches:
-    round robin over the workers that still have batches, one batch each, starting at worker 0.
-    Holds at most the groups that arrived before the one whose turn it is."""
+    round robin over the workers that still have batches, one batch each, starting at worker
+    `turn` (0; 1 after a first batch of worker 0's read elsewhere). Holds at most the groups
+    that arrived before the one whose turn it is."""
     pending: list[deque] = [deque() for _ in range(workers)]
     finished = [False] * workers
     source = iter(items)
-    turn = 0
     while True:
         for step in range(workers):
             w = (turn + step) % workers

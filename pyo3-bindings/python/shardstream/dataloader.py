@@ -27,7 +27,7 @@ import inspect
 import random
 from collections.abc import Mapping
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -44,7 +44,13 @@ from shardstream._groups import (
     keep,
 )
 from shardstream._world import worker_id
-from shardstream.dataset import ColumnBatches, StreamingDataset
+from shardstream.dataset import (
+    ColumnBatches,
+    FirstBatch,
+    StreamingDataset,
+    _set_random_states,
+    random_states,
+)
 
 
 class StreamingDataLoader(DataLoader):
@@ -118,37 +124,35 @@ class StreamingDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         self.num_samples_yielded = 0
         first = self._first_batch()
-        workers_started = False
-        try:
-            if first is not None:
-                self.num_samples_yielded += first[0]
-                yield first[1]
-            if self._sample_groups is not None:
-                batches = interleave(iter(self._sample_groups), self.num_workers)
-            elif self._grouped:
-                batches = interleave(super().__iter__(), self.num_workers)
-            else:
-                batches = super().__iter__()
-            workers_started = True
-            if first is not None:
-                first[2]._first_batch_done(True)
-            for batch in batches:
-                self.num_samples_yielded += self._get_batch_size(batch)
-                yield batch
-        finally:
-            if first is not None and not workers_started:
-                first[2]._first_batch_done(False)
+        if first is not None:
+            self.num_samples_yielded += first.head.count
+            yield first.batch
+            batches = self._start_workers(first)
+        elif self._sample_groups is not None:
+            batches = interleave(iter(self._sample_groups), self.num_workers)
+        elif self._grouped:
+            batches = interleave(super().__iter__(), self.num_workers)
+        else:
+            batches = super().__iter__()
+        for batch in batches:
+            self.num_samples_yielded += self._get_batch_size(batch)
+            yield batch
 
-    def _first_batch(self) -> tuple[int, Any, StreamingDataset] | None:
-        """The iteration's first batch, read and collated in this process (`early_first_batch`),
-        with its sample count and dataset; `None` where the workers read it: a dataset whose
-        batches are not the loader's (a per-sample dataset with another `batch_size`), one
-        resumed per worker, or one too short to give every worker a batch after it."""
+    def _first_batch(self) -> _First | None:
+        """The iteration's first batch, read and collated in this process (`early_first_batch`);
+        `None` where the workers read it: a dataset whose batches are not the loader's (a
+        per-sample dataset with another `batch_size`), one resumed per worker, one whose rest
+        would not give every worker a batch, or persistent workers already running.
+
+        The random generators go as with a plain DataLoader: the base seed it draws for its
+        workers is drawn now (where it would be), the batch is read and collated under the
+        seeds worker 0 gets from it, and that state is handed to worker 0 for its next batch;
+        the training process's own generators are left as the draw left them."""
         if not self._early_first_batch:
             return None
         workers = self._sample_groups if self._sample_groups is not None else self
         if self.persistent_workers and workers._iterator is not None:
-            return None  # the workers run already: the skip could not reach their copies
+            return None  # the workers run already: what was read could not reach their copies
         if self._grouped:
             dataset = self.dataset.dataset
             size, columns, raw = self.dataset.batch_size, self.dataset.columns, True
@@ -157,23 +161,51 @@ class StreamingDataLoader(DataLoader):
             size, columns, raw = int(self.batch_size), None, False
             if int(dataset.batch_size or 1) != size:
                 return None
-        if dataset._worker_skip or len(dataset) < size * (self.num_workers + 1):
+        if dataset._worker_skip:
             return None
-        # What the read and collate draw from the random generators (a transform, a random crop
-        # in collate_fn) must not shift the training process's own sequences.
-        py_state, np_state = random.getstate(), np.random.get_state()
+        before_seed = _generator_state(self.generator)
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        own = random_states()
         try:
-            with torch.random.fork_rng(devices=[]):
-                count, batch = dataset._first_batch(size, columns, raw)
-                batch = self._first_collate(batch)
+            _seed_as_worker(base_seed, 0)
+            head = dataset._first_batch(size, columns, raw, self.num_workers)
+            if head is not None:
+                batch = self._first_collate(head.batch)
+                worker_rng = random_states()
         finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-        if self.pin_memory and torch.cuda.is_available():
+            _set_random_states(own)
+        if head is None:
+            _set_generator_state(self.generator, before_seed)  # the DataLoader draws it itself
+            return None
+        device = _pin_device() if self.pin_memory else None
+        if device is not None:
             from torch.utils.data._utils.pin_memory import pin_memory
 
-            batch = pin_memory(batch, self.pin_memory_device or None)
-        return count, batch, dataset
+            batch = pin_memory(batch, device)
+        return _First(dataset, head, batch, worker_rng, before_seed)
+
+    def _start_workers(self, first: _First) -> Iterator[Any]:
+        """Starts the workers after `first` (the DataLoader forks or spawns them now), worker 0
+        with a copy that goes on after the batch read, and returns their batches in order."""
+        dataset = first.dataset
+        # A `set_epoch` or `load_state_dict` since the read chose another start: the workers
+        # take that one as it is.
+        moved = dataset._lineages[-1] is not first.head.lineage
+        if not moved:
+            dataset._head_name, dataset._head_rng = first.head.name, first.rng
+        after_step = _generator_state(self.generator)
+        # The DataLoader draws the base seed again: the same one, from the state it was drawn from.
+        _set_generator_state(self.generator, first.before_seed)
+        try:
+            if self._sample_groups is not None:
+                source = iter(self._sample_groups)
+            else:
+                source = super().__iter__()
+        finally:
+            _set_generator_state(self.generator, after_step)
+            dataset._head_name, dataset._head_rng = None, None
+        # Worker 0's first batch is out: batch 1 is worker 1's (as in a plain DataLoader).
+        return interleave(source, self.num_workers, turn=0 if moved else 1 % self.num_workers)
 
     def _streaming(self) -> StreamingDataset | ColumnBatches | None:
         return self.dataset if isinstance(self.dataset, (StreamingDataset, ColumnBatches)) else None
@@ -228,3 +260,47 @@ class SampleGroups(IterableDataset):
             if last:
                 return
             per_group = batches_per_group(approx_bytes(batches[-1]))
+
+
+class _First(NamedTuple):
+    """An iteration's first batch, read here (`StreamingDataLoader._first_batch`)."""
+
+    dataset: StreamingDataset
+    head: FirstBatch
+    batch: Any
+    rng: tuple  # the random states worker 0 would have after the batch
+    before_seed: Any  # the generator's state before the DataLoader's base-seed draw
+
+
+def _generator_state(generator: torch.Generator | None) -> Any:
+    return (generator if generator is not None else torch.random.default_generator).get_state()
+
+
+def _set_generator_state(generator: torch.Generator | None, state: Any) -> None:
+    (generator if generator is not None else torch.random.default_generator).set_state(state)
+
+
+def _seed_as_worker(base_seed: int, worker: int) -> None:
+    """Seeds `random`, numpy and torch's CPU generator as torch seeds DataLoader worker
+    `worker` (torch.utils.data._utils.worker._worker_loop)."""
+    seed = base_seed + worker
+    random.seed(seed)
+    torch.random.default_generator.manual_seed(seed)
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+    except ImportError:  # a torch without it: numpy's generator is left as it is
+        return
+    np.random.seed(_generate_state(base_seed, worker))
+
+
+def _pin_device() -> str | None:
+    """The device torch's DataLoader pins batches for (None: it does not pin)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return "cuda" if torch.cuda.is_available() else None
+    if not accelerator.is_available():
+        return None
+    current = accelerator.current_accelerator()
+    if current is None or current.type == "mps":
+        return None
+    return current.type

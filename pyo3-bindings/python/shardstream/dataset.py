@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import uuid
 import warnings
 import weakref
 from itertools import islice
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -215,9 +216,12 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     _prefetch_pid: int | None = None
     _iterations = 0  # iterations this object (or copy) has started
     _current: tuple[int, Any] | None = None  # (index, sample) being handed to a subclass's `self[index]`
-    # Positions (all processes) read by the training process before its DataLoader workers of
-    # this iteration started (`_first_batch`); the workers start after them.
-    _head_skip = 0
+    # Set on the training process's object only while `StreamingDataLoader` starts its workers
+    # after reading worker 0's first batch itself (`_first_batch`), so that the copies get them:
+    # the iteration's name (its start marker) and the random state worker 0 would have after that
+    # batch. A copy uses them in its first `_stream`.
+    _head_name: str | None = None
+    _head_rng: tuple | None = None
 
     def __init__(
         self,
@@ -324,7 +328,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._shuffle_window = shuffle_window
         self._window: int | None = None
         self._ramp = self._sample_ramp = bool(shuffle_ramp)
-        self._lanes: int | None = num_canonical_nodes
+        self._lanes: int | None = None if num_canonical_nodes is None else int(num_canonical_nodes)
         self._epoch = 0
         self._resume_start = 0  # positions of self._epoch consumed before this run
         self._yielded = 0  # samples this process (or worker) yielded in the current iteration
@@ -555,7 +559,6 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def _start_epoch(self, epoch: int) -> None:
         """Moves to the start of `epoch` (reached through the lineage's markers)."""
         self._epoch, self._resume_start, self._yielded, self._worker_skip = epoch, 0, 0, 0
-        self._head_skip = 0
 
     def state_dict(self, num_samples: int | None = None, from_beginning: bool = True) -> dict:
         """The position to resume from, as Mosaic's `state_dict`: `num_samples` is the number of
@@ -645,7 +648,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _follow_choices(self) -> None:
         """In a copy made before the training process's latest `set_epoch` / `load_state_dict`
-        (a persistent worker's): takes that choice over, as a copy made after it would have."""
+        (a persistent worker's): takes that choice over, as a copy made after it would have.
+        Only in a DataLoader worker: copies of the object in other processes (a `deepcopy`, one
+        object pickled to several ranks) share its keys and make their own choices."""
+        if not in_dataloader_worker():
+            return
         while True:
             found = self._lineages[-1].replacement()
             if found is None:
@@ -655,7 +662,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             for name in self._CHOSEN:
                 if name in chosen:
                     setattr(self, name, chosen[name])
-            self._yielded = self._worker_skip = self._head_skip = 0
+            self._yielded = self._worker_skip = 0
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -665,18 +672,28 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._iter_batch = batch_size
         self._iterations += 1
         self._follow_choices()
-        epoch = self._lineages[-1].start(self._epoch, self._iteration_name())
+        # What the training process read is this copy's first iteration's only (persistent
+        # workers keep their copies for the later ones).
+        name, rng = self._head_name, self._head_rng
+        self._head_name, self._head_rng = None, None
+        epoch = self._lineages[-1].start(self._epoch, name or self._iteration_name())
         if epoch != self._epoch:  # an earlier iteration started this copy's epoch
             self._start_epoch(epoch)
+            name = rng = None
         p = self._placement()
-        # The skip is the first iteration's only (persistent workers keep their copies).
-        start, worker = self._resume_start + self._head_skip, p.worker
-        self._head_skip = 0
-        if self._worker_skip:
+        start, worker = self._resume_start, p.worker
+        skip = self._worker_skip
+        if name is not None and p.worker == 0:
+            # The training process yielded this worker's first batch (`_first_batch`); the
+            # worker goes on from the random state it would have had after it.
+            skip = 1
+            if rng is not None:
+                _set_random_states(rng)
+        if skip:
             # This worker already yielded batches w, w + W, ... (k of them): start the stream at
             # its next batch, as worker 0 of a world whose start is that batch's first position.
             step = p.processes * batch_size
-            start += (p.worker + self._worker_skip * p.workers) * step
+            start += (p.worker + skip * p.workers) * step
             worker = 0
         return self._native().stream(
             epoch=self._epoch,
@@ -737,27 +754,38 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                     self._yielded += 1
                     yield sample
 
-    def _first_batch(self, batch_size: int, columns: list[str] | None, raw: bool) -> tuple[int, Any]:
+    def _first_batch(
+        self, batch_size: int, columns: list[str] | None, raw: bool, workers: int
+    ) -> FirstBatch | None:
         """Reads, in this process, the batch its DataLoader worker 0 would yield first in the
-        next iteration, and sets the workers started next to stream the rest of it
-        (`StreamingDataLoader`; docs/python.md, "The first batch before the workers"). The
-        workers split this process's part by batch, round robin from worker 0, so the first
-        `batch_size` samples of the part are worker 0's first batch, and workers split from the
-        next position on yield the rest in the same order: a resume one batch in.
+        next iteration (`StreamingDataLoader`; docs/python.md, "The first batch before the
+        workers"): the workers split this process's part by batch, round robin from worker 0,
+        so the first `batch_size` samples of the part are worker 0's first batch. Worker 0 then
+        starts at its second batch, the others as usual (`_stream`), and the loader takes
+        their batches round robin from worker 1. `None` (nothing read or recorded) where the
+        rest of the part would not give each of the `workers` a batch.
 
-        Returns the number of samples read and the batch: a `ColumnBatch` with `raw`, else
-        the list of samples (through a subclass's `self[index]`). The epoch is the one the
-        workers would take (the one after the latest started); the iteration gets a lineage of
-        its own, so that the workers stream that epoch and the next iteration the one after."""
+        The iteration starts as a worker's would: its start marker, under a name of its own
+        that the workers are given, takes the epoch after the latest started (or the chosen
+        one). The batch is a `ColumnBatch` with `raw`, else the list of samples (through a
+        subclass's `self[index]`)."""
+        p = self._placement()
+        order = self._order(p)
         latest = self._lineages[-1].latest_started()
         epoch = self._epoch if latest is None else latest + 1
+        start = self._resume_start if epoch == self._epoch else 0
+        per_process = self._native().epoch_len(epoch=epoch, **order)
+        per_process = -(-per_process // p.processes) if self.remainder == "pad" else per_process // p.processes
+        if per_process - start // p.processes < batch_size * (workers + 1):
+            return None
+        name = f"first-{uuid.uuid4().hex}"
+        epoch = self._lineages[-1].start(self._epoch, name)
         if epoch != self._epoch:
             self._stop_prefetch()  # it was downloading an earlier epoch's shards
             self._start_epoch(epoch)
-        p = self._placement()
         stream = self._native().stream(
             epoch=self._epoch, workers=1, batch_size=batch_size, worker=0, start=self._resume_start,
-            raw=raw, **_process_of(p), **self._order(p),
+            raw=raw, **_process_of(p), **order,
         )
         try:
             if raw:
@@ -767,17 +795,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 count = len(batch)
         finally:
             stream.close()
-        self._lineages.append(EpochRecords())
         self._yielded = 0
-        self._head_skip = p.processes * count
-        return count, batch
-
-    def _first_batch_done(self, workers_started: bool) -> None:
-        """After `_first_batch`: the workers have their copies (the skip is theirs alone), or
-        the iteration ended before they started, and then it counts as this epoch's."""
-        self._head_skip = 0
-        if not workers_started:
-            self._lineages[-1].start(self._epoch, uuid.uuid4().hex)
+        return FirstBatch(count, batch, name, self._lineages[-1])
 
     def _iteration_ended(self, p: Placement) -> None:
         """An iteration ran to its end. It is recorded (see `_epochs`); in a single process the
@@ -872,6 +891,31 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             if last:
                 return
             per_group = batches_per_group(approx_bytes(batch) * batch_size // max(1, count))
+
+
+class FirstBatch(NamedTuple):
+    """What `StreamingDataset._first_batch` read: the samples' count, the batch, the
+    iteration's name and the lineage it started in."""
+
+    count: int
+    batch: Any
+    name: str
+    lineage: EpochRecords
+
+
+def random_states() -> tuple:
+    """This process's `random`, numpy and torch CPU generator states."""
+    import torch
+
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _set_random_states(states: tuple) -> None:
+    import torch
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
 
 
 def _discard_lineages(lineages: list[EpochRecords]) -> None:
