@@ -13,8 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::SwitchProxy;
-use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
-use shardstream_streamer::order::{OrderConfig, Rank, World};
+use common::{
+    check_sample, moto_with, runtime, s3_location, single_process_plan, stream_checked,
+    write_dataset, Spec,
+};
+use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
 fn config(cache: &Path, cache_limit: Option<u64>) -> StreamingConfig {
@@ -30,23 +33,16 @@ fn config(cache: &Path, cache_limit: Option<u64>) -> StreamingConfig {
 }
 
 fn plan(shuffle: bool, window: u32) -> StreamPlan {
-    StreamPlan {
-        order: OrderConfig {
+    single_process_plan(
+        OrderConfig {
             seed: 5,
             shuffle,
             window,
             lanes: 1,
             ..OrderConfig::default()
         },
-        epoch: 0,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
+        0,
+    )
 }
 
 /// Bytes of shard files in the cache folder now (complete and in progress).

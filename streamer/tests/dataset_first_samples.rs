@@ -13,9 +13,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use common::{
+    check_sample, moto_with, runtime, s3_location, single_process_plan, write_dataset, Spec,
+};
 use shardstream_storage::testing::GateStore;
-use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
 
 /// Long enough for a loaded machine; the waits end as soon as their condition holds.
@@ -36,17 +38,7 @@ fn config(cache: &Path, validate_hash: bool) -> StreamingConfig {
 }
 
 fn in_order() -> StreamPlan {
-    StreamPlan {
-        order: OrderConfig::default(),
-        epoch: 0,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
+    single_process_plan(OrderConfig::default(), 0)
 }
 
 /// A dataset of one 8 MiB shard (1000 samples of 8 KiB) behind a gate that stalls the shard's

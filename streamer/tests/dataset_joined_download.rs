@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 
 use common::child::{self, ChildSpec};
 use common::outage::StallProxy;
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use common::{
+    check_sample, moto_with, runtime, s3_location, single_process_plan, write_dataset, Spec,
+};
 use shardstream_storage::testing::GateStore;
-use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
 
 /// Long enough for a loaded machine; the waits end as soon as their condition holds.
@@ -48,17 +50,7 @@ fn one_shard() -> Spec {
 }
 
 fn in_order() -> StreamPlan {
-    StreamPlan {
-        order: OrderConfig::default(),
-        epoch: 0,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
+    single_process_plan(OrderConfig::default(), 0)
 }
 
 /// Streams the epoch on a thread, sending each sample as it comes.

@@ -8,29 +8,22 @@
 
 mod common;
 
-use common::{stream_checked, write_dataset, Spec};
+use common::{single_process_plan, stream_checked, write_dataset, Spec};
 use shardstream_launcher::resolve::{CACHE_DIR_ENV, RUN_ID_SOURCES};
-use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
 fn plan() -> StreamPlan {
-    StreamPlan {
-        order: OrderConfig {
+    single_process_plan(
+        OrderConfig {
             seed: 3,
             shuffle: true,
             window: 2,
             lanes: 1,
             ..OrderConfig::default()
         },
-        epoch: 0,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
+        0,
+    )
 }
 
 fn local(remote: &std::path::Path, cache_root: &std::path::Path) -> StreamingConfig {

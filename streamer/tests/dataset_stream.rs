@@ -11,7 +11,8 @@ mod common;
 use std::path::Path;
 
 use common::{
-    check_sample, moto_with, runtime, s3_location, stream_world, upload, write_dataset, Spec,
+    check_sample, moto_with, runtime, s3_location, single_process_plan, stream_world, upload,
+    write_dataset, Spec,
 };
 use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{OrderConfig, World};
@@ -487,8 +488,8 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
 /// (balanced) a fresh subset each epoch.
 #[test]
 fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
-    use shardstream_streamer::order::{Rank, Sampling, Weight};
-    use shardstream_streamer::{StreamPlan, StreamSpec};
+    use shardstream_streamer::order::{Sampling, Weight};
+    use shardstream_streamer::StreamSpec;
     use std::collections::BTreeSet;
 
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -502,17 +503,7 @@ fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
     };
     // B's samples of `epoch` (global indexes after A's 120), in the order streamed.
     let epoch_of_b = |ds: &StreamingDataset, epoch: u64| -> Vec<u64> {
-        let plan = StreamPlan {
-            order: shuffled(),
-            epoch,
-            world: World::new(1, 1, 1, 1).unwrap(),
-            rank: Rank {
-                node: 0,
-                local_process: 0,
-                worker: 0,
-            },
-            start: 0,
-        };
+        let plan = single_process_plan(shuffled(), epoch);
         let indexes = ds.stream(plan).unwrap().map(|item| item.unwrap().index);
         indexes.filter(|&i| i >= 120).collect()
     };
@@ -544,19 +535,7 @@ fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
 /// Streams one whole epoch of `ds` as a single process (the stream's end waits for the index
 /// copy it saves).
 fn stream_epoch(ds: &StreamingDataset) {
-    use shardstream_streamer::order::Rank;
-    use shardstream_streamer::StreamPlan;
-    let plan = StreamPlan {
-        order: shuffled(),
-        epoch: 1,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    };
+    let plan = single_process_plan(shuffled(), 1);
     let mut n = 0u64;
     for item in ds.stream(plan).unwrap() {
         item.unwrap();

@@ -103,6 +103,18 @@ class MotoServer:
         s3.create_bucket(Bucket=name)
         return f"s3://{name}"
 
+    def upload_dataset(self, local, name: str) -> str:
+        """A new bucket `name` holding the files of the dataset folder `local` under `ds/`;
+        returns the dataset's URL."""
+        import boto3
+
+        bucket = self.create_bucket(name)
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+        for f in Path(local).iterdir():
+            s3.upload_file(str(f), name, f"ds/{f.name}")
+        return f"{bucket}/ds"
+
     def stop(self) -> None:
         self.proc.terminate()
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing
 import random
 
-import boto3
 import numpy as np
 import pytest
 import torch
@@ -236,15 +235,9 @@ def test_cold_from_s3(tmp_path, moto, stream_env, monkeypatch):
     prefetch at construction's download), the workers stream the rest, each sample once."""
     data = tmp_path / "s3-mds"
     write_ids(data, N, size_limit=2 << 10, extra=300)
-    name = f"early-{tmp_path.name}".lower().replace("_", "-")[:60]
-    bucket = moto.create_bucket(name)
-    s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id="testing",
-                      aws_secret_access_key="testing", region_name="us-east-1")
-    for f in data.iterdir():
-        s3.upload_file(str(f), name, f"ds/{f.name}")
+    remote = moto.upload_dataset(data, f"early-{tmp_path.name}".lower().replace("_", "-")[:60])
     for k, v in moto.env.items():
         monkeypatch.setenv(k, v)
-    remote = f"{bucket}/ds"
     for kind in ("columns", "samples"):
         ds = shardstream.StreamingDataset(remote=remote, local=str(tmp_path / f"cache-{kind}"), shuffle=True,
                                           shuffle_seed=3, batch_size=BATCH)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import boto3
 import pytest
 from torch.utils.data import DataLoader
 
@@ -26,15 +25,10 @@ WINDOW = 4
 def remote(tmp_path, moto, stream_env, monkeypatch):
     data = tmp_path / "mds"
     write_ids(data, N, size_limit=8 << 10, extra=EXTRA)  # about 40 shards of 10 samples
-    name = f"prefetch-{tmp_path.name}".lower().replace("_", "-")[:60]
-    bucket = moto.create_bucket(name)
-    s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id="testing",
-                      aws_secret_access_key="testing", region_name="us-east-1")
-    for f in data.iterdir():
-        s3.upload_file(str(f), name, f"ds/{f.name}")
+    remote = moto.upload_dataset(data, f"prefetch-{tmp_path.name}".lower().replace("_", "-")[:60])
     for k, v in moto.env.items():
         monkeypatch.setenv(k, v)
-    return f"{bucket}/ds"
+    return remote
 
 
 def open_dataset(remote: str, **kw) -> shardstream.StreamingDataset:
