@@ -48,8 +48,8 @@ from shardstream.dataset import (
     ColumnBatches,
     FirstBatch,
     StreamingDataset,
-    _set_random_states,
     random_states,
+    set_random_states,
 )
 
 
@@ -100,8 +100,8 @@ class StreamingDataLoader(DataLoader):
                 SampleGroups(self.dataset, self.batch_size, self.drop_last, self.collate_fn),
                 batch_size=None, collate_fn=keep, **given,
             )
-        # The first batch read here needs what a worker would have applied to it: the loader's
-        # collate_fn and nothing else (no worker_init_fn), and workers started afresh each time.
+        # The first batch read here gets what a worker would apply to it: the loader's
+        # collate_fn and worker 0's seeds, but not a worker_init_fn (hence off with one).
         if early_first_batch is None:
             early_first_batch = user_worker_init is None
         self._early_first_batch = (
@@ -173,7 +173,7 @@ class StreamingDataLoader(DataLoader):
                 batch = self._first_collate(head.batch)
                 worker_rng = random_states()
         finally:
-            _set_random_states(own)
+            set_random_states(own)
         if head is None:
             _set_generator_state(self.generator, before_seed)  # the DataLoader draws it itself
             return None

@@ -688,7 +688,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             # worker goes on from the random state it would have had after it.
             skip = 1
             if rng is not None:
-                _set_random_states(rng)
+                set_random_states(rng)
         if skip:
             # This worker already yielded batches w, w + W, ... (k of them): start the stream at
             # its next batch, as worker 0 of a world whose start is that batch's first position.
@@ -910,7 +910,8 @@ def random_states() -> tuple:
     return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
-def _set_random_states(states: tuple) -> None:
+def set_random_states(states: tuple) -> None:
+    """Restores states taken by `random_states`."""
     import torch
 
     random.setstate(states[0])
