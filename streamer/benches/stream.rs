@@ -24,7 +24,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shardstream_sharding::mds::{LocalDirSink, MdsWriter, MdsWriterOptions};
 use shardstream_sharding::{Sample, Value};
-use shardstream_streamer::order::{OrderConfig, Rank, World};
+use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 
 const SMALL_SAMPLES: u64 = 1_000_000;
@@ -68,17 +68,7 @@ fn open(dir: &Path, cache: &Path) -> StreamingDataset {
 }
 
 fn plan(order: OrderConfig) -> StreamPlan {
-    StreamPlan {
-        order,
-        epoch: 0,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
+    StreamPlan::single_process(order, 0)
 }
 
 /// One epoch in order; returns the bytes seen so nothing is optimised away.

@@ -13,10 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::SwitchProxy;
-use common::{
-    check_sample, moto_with, runtime, s3_location, single_process_plan, stream_checked,
-    write_dataset, Spec,
-};
+use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
@@ -33,7 +30,7 @@ fn config(cache: &Path, cache_limit: Option<u64>) -> StreamingConfig {
 }
 
 fn plan(shuffle: bool, window: u32) -> StreamPlan {
-    single_process_plan(
+    StreamPlan::single_process(
         OrderConfig {
             seed: 5,
             shuffle,

@@ -13,9 +13,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
-    check_sample, moto_with, runtime, s3_location, single_process_plan, write_dataset, Spec,
-};
+use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
 use shardstream_storage::testing::GateStore;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
@@ -38,7 +36,7 @@ fn config(cache: &Path, validate_hash: bool) -> StreamingConfig {
 }
 
 fn in_order() -> StreamPlan {
-    single_process_plan(OrderConfig::default(), 0)
+    StreamPlan::single_process(OrderConfig::default(), 0)
 }
 
 /// A dataset of one 8 MiB shard (1000 samples of 8 KiB) behind a gate that stalls the shard's

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::child::{self, ChildSpec};
 use common::outage::StallProxy;
-use common::{
-    check_sample, moto_with, runtime, s3_location, single_process_plan, write_dataset, Spec,
-};
+use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
 use shardstream_storage::testing::GateStore;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
@@ -50,7 +48,7 @@ fn one_shard() -> Spec {
 }
 
 fn in_order() -> StreamPlan {
-    single_process_plan(OrderConfig::default(), 0)
+    StreamPlan::single_process(OrderConfig::default(), 0)
 }
 
 /// Streams the epoch on a thread, sending each sample as it comes.

@@ -8,13 +8,13 @@
 
 mod common;
 
-use common::{single_process_plan, stream_checked, write_dataset, Spec};
+use common::{stream_checked, write_dataset, Spec};
 use shardstream_launcher::resolve::{CACHE_DIR_ENV, RUN_ID_SOURCES};
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
 fn plan() -> StreamPlan {
-    single_process_plan(
+    StreamPlan::single_process(
         OrderConfig {
             seed: 3,
             shuffle: true,

@@ -11,12 +11,11 @@ mod common;
 use std::path::Path;
 
 use common::{
-    check_sample, moto_with, runtime, s3_location, single_process_plan, stream_world, upload,
-    write_dataset, Spec,
+    check_sample, moto_with, runtime, s3_location, stream_world, upload, write_dataset, Spec,
 };
 use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{OrderConfig, World};
-use shardstream_streamer::{StreamerError, StreamingConfig, StreamingDataset};
+use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
 fn config(cache_root: &Path) -> StreamingConfig {
     StreamingConfig {
@@ -503,7 +502,7 @@ fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
     };
     // B's samples of `epoch` (global indexes after A's 120), in the order streamed.
     let epoch_of_b = |ds: &StreamingDataset, epoch: u64| -> Vec<u64> {
-        let plan = single_process_plan(shuffled(), epoch);
+        let plan = StreamPlan::single_process(shuffled(), epoch);
         let indexes = ds.stream(plan).unwrap().map(|item| item.unwrap().index);
         indexes.filter(|&i| i >= 120).collect()
     };
@@ -535,7 +534,7 @@ fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
 /// Streams one whole epoch of `ds` as a single process (the stream's end waits for the index
 /// copy it saves).
 fn stream_epoch(ds: &StreamingDataset) {
-    let plan = single_process_plan(shuffled(), 1);
+    let plan = StreamPlan::single_process(shuffled(), 1);
     let mut n = 0u64;
     for item in ds.stream(plan).unwrap() {
         item.unwrap();

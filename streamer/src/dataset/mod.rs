@@ -4,20 +4,15 @@
 //!
 //! ```no_run
 //! use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset, StreamPlan};
-//! use shardstream_streamer::order::{OrderConfig, Rank, World};
+//! use shardstream_streamer::order::OrderConfig;
 //! let ds = StreamingDataset::open(StreamingConfig {
 //!     remote: "s3://bucket/my-mds".into(),
 //!     run_id: Some("run1".into()),
 //!     memory_limit: Some(256 << 20),
 //!     ..StreamingConfig::default()
 //! })?;
-//! let plan = StreamPlan {
-//!     order: OrderConfig { shuffle: true, ..OrderConfig::default() },
-//!     epoch: 0,
-//!     world: World::new(1, 1, 1, 1)?,
-//!     rank: Rank { node: 0, local_process: 0, worker: 0 },
-//!     start: 0,
-//! };
+//! // One process reading the whole epoch; a rank of a larger world sets `world` and `rank`.
+//! let plan = StreamPlan::single_process(OrderConfig { shuffle: true, ..OrderConfig::default() }, 0);
 //! for item in ds.stream(plan)? {
 //!     let item = item?;
 //!     let _columns = item.sample.columns();

@@ -68,6 +68,23 @@ pub struct StreamPlan {
     pub start: u64,
 }
 
+impl StreamPlan {
+    /// The whole of `epoch` in `order` for a single reader ([`World::SINGLE`]), from its start.
+    pub fn single_process(order: OrderConfig, epoch: u64) -> StreamPlan {
+        StreamPlan {
+            order,
+            epoch,
+            world: World::SINGLE,
+            rank: Rank {
+                node: 0,
+                local_process: 0,
+                worker: 0,
+            },
+            start: 0,
+        }
+    }
+}
+
 /// One sample of a stream.
 #[derive(Debug, Clone)]
 pub struct StreamedSample {

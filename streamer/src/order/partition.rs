@@ -50,6 +50,15 @@ pub struct Locality {
 }
 
 impl World {
+    /// One node, one process, no DataLoader workers, batches of one: a whole epoch read by one
+    /// reader.
+    pub const SINGLE: World = World {
+        nodes: 1,
+        processes_per_node: 1,
+        workers: 1,
+        batch_size: 1,
+    };
+
     /// A world of `nodes x processes_per_node` processes with `workers` DataLoader workers each
     /// (pass 1 for a DataLoader without workers) collating batches of `batch_size`.
     pub fn new(nodes: u32, processes_per_node: u32, workers: u32, batch_size: u32) -> Result<Self> {

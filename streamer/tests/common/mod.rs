@@ -144,21 +144,6 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// The plan of `epoch` for the only process (one node, one process, no workers), from its start.
-pub fn single_process_plan(order: OrderConfig, epoch: u64) -> StreamPlan {
-    StreamPlan {
-        order,
-        epoch,
-        world: World::new(1, 1, 1, 1).unwrap(),
-        rank: Rank {
-            node: 0,
-            local_process: 0,
-            worker: 0,
-        },
-        start: 0,
-    }
-}
-
 /// Streams an epoch over every rank of `world` and checks the contract: every sample exactly
 /// once (padding aside), with the bytes the writer wrote. Returns the positions seen.
 pub fn stream_world(ds: &StreamingDataset, order: OrderConfig, world: World, len: usize) -> u64 {
