@@ -127,11 +127,8 @@ class StreamingDataLoader(DataLoader):
         if first is not None:
             self.num_samples_yielded += first.head.count
             yield first.batch
-            batches = self._start_workers(first)
-        elif self._sample_groups is not None:
-            batches = interleave(iter(self._sample_groups), self.num_workers)
-        elif self._grouped:
-            batches = interleave(super().__iter__(), self.num_workers)
+        if self._sample_groups is not None or self._grouped:
+            batches = self._grouped_batches(first)
         else:
             batches = super().__iter__()
         for batch in batches:
@@ -184,9 +181,13 @@ class StreamingDataLoader(DataLoader):
             batch = pin_memory(batch, device)
         return _First(dataset, head, batch, worker_rng, before_seed)
 
-    def _start_workers(self, first: _First) -> Iterator[Any]:
-        """Starts the workers after `first` (the DataLoader forks or spawns them now), worker 0
-        with a copy that goes on after the batch read, and returns their batches in order."""
+    def _grouped_batches(self, first: _First | None) -> Iterator[Any]:
+        """Starts the workers (the DataLoader forks or spawns them now) and returns their
+        batches in order. After a `first` batch read here, worker 0's copy goes on after it."""
+        # The internal loader's iterator, or this loader's own (torch's), which starts the workers.
+        start = self._sample_groups.__iter__ if self._sample_groups is not None else super().__iter__
+        if first is None:
+            return interleave(start(), self.num_workers)
         dataset = first.dataset
         # A `set_epoch` or `load_state_dict` since the read chose another start: the workers
         # take that one as it is.
@@ -197,10 +198,7 @@ class StreamingDataLoader(DataLoader):
         # The DataLoader draws the base seed again: the same one, from the state it was drawn from.
         _set_generator_state(self.generator, first.before_seed)
         try:
-            if self._sample_groups is not None:
-                source = iter(self._sample_groups)
-            else:
-                source = super().__iter__()
+            source = start()
         finally:
             _set_generator_state(self.generator, after_step)
             dataset._head_name, dataset._head_rng = None, None

@@ -288,8 +288,6 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         epoch_size = parse_count(epoch_size, "epoch_size")
         if remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {remainder!r}")
-        if sampling_method not in ("balanced", "fixed"):
-            raise ValueError(f"sampling_method must be 'balanced' or 'fixed', got {sampling_method!r}")
         self.remote = remote
         self.local = local
         self.split = split
@@ -511,8 +509,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def __len__(self) -> int:
         """Samples this process yields in an epoch (its DataLoader workers together)."""
-        p = self._placement()
-        n = self._native().epoch_len(epoch=self._epoch, **self._order(p))
+        return self._process_len(self._placement(), self._epoch)
+
+    def _process_len(self, p: Placement, epoch: int) -> int:
+        """Samples process `p` yields in `epoch`."""
+        n = self._native().epoch_len(epoch=epoch, **self._order(p))
         if self.remainder == "pad":
             return -(-n // p.processes)
         return n // p.processes
@@ -774,9 +775,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         latest = self._lineages[-1].latest_started()
         epoch = self._epoch if latest is None else latest + 1
         start = self._resume_start if epoch == self._epoch else 0
-        per_process = self._native().epoch_len(epoch=epoch, **order)
-        per_process = -(-per_process // p.processes) if self.remainder == "pad" else per_process // p.processes
-        if per_process - start // p.processes < batch_size * (workers + 1):
+        if self._process_len(p, epoch) - start // p.processes < batch_size * (workers + 1):
             return None
         name = f"first-{uuid.uuid4().hex}"
         epoch = self._lineages[-1].start(self._epoch, name)
