@@ -14,7 +14,9 @@ workers), and a sampler doing that every 50 ms during a timed epoch took a quart
 fastest loaders' speed on a 2-core machine while barely slowing the slowest (which wait on I/O
 more than they compute). After a configuration's timed epochs, one more epoch of it runs with
 this process sampling the PSS of its process tree (itself and its DataLoader workers) at the start,
-every 50 ms, and at the last sample; it reports only `peak_mem` and `mem_series`.
+every 50 ms, and at the last sample; it reports only `peak_mem` and `mem_series`. There are as many
+memory epochs per configuration as timed ones, and each timed run carries the peak of one of them,
+so the peak is a median over runs with its range, as samples/s is.
 """
 
 from __future__ import annotations
@@ -374,9 +376,12 @@ def main() -> None:
             shutil.rmtree(warm_src, ignore_errors=True)
             warm_src = None
         k = 0
-        # The timed epochs, then one epoch per configuration for its peak memory (module doc).
+        # The timed epochs, then as many untimed epochs per configuration for its peak memory
+        # (module doc): the peak is reported over runs like every other figure, because one
+        # epoch's peak moves by 10-20 MiB between runs (when the 50 ms samples fall, a sample
+        # taken while a DataLoader worker is being forked).
         plan = [(rep, cfg) for rep in range(SPEC["runs"]) for cfg in job["configs"]]
-        plan += [(None, cfg) for cfg in job["configs"]]
+        plan += [(None, cfg) for _ in range(SPEC["runs"]) for cfg in job["configs"]]
         for rep, cfg in plan:
             local = os.path.join(scratch, f"run{k}")
             shutil.rmtree(local, ignore_errors=True)

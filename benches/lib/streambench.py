@@ -265,17 +265,19 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
             continue
         key = (line["job"], line["workers"], line["shuffle"])
         if line.get("memory_run"):
-            memory_of[key] = line
+            memory_of.setdefault(key, []).append(line)
             continue
         job = jobs[line["job"]]
         profile = profile_by_name[job["profile"]]
         sb = line.get("server_bytes")
         line["amp"] = sb / profile.data_bytes if sb is not None else None
         by_key.setdefault(key, []).append(line)
-    # Each timed run carries its configuration's peak from the memory epoch (one figure).
+    # Each timed run carries the peak of one of its configuration's memory epochs (as many as
+    # timed runs), so that the row's peak is a median over runs.
     for key, lines in by_key.items():
-        mem = memory_of.get(key, {})
-        for line in lines:
+        mems = memory_of.get(key, [])
+        for k, line in enumerate(lines):
+            mem = mems[k] if k < len(mems) else (mems[-1] if mems else {})
             line["peak_mem"] = mem.get("peak_mem")
             line["mem_series"] = mem.get("mem_series", [])
             if mem.get("check", "ok") != "ok":

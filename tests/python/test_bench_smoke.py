@@ -48,6 +48,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for peer in ("mosaicml-streaming", "litdata", "webdataset"):
         got = {r["profile"] for r in streaming if r["system"] == peer and r["runs"] >= 1}
         assert got == {"100B", "10KB", "1MB"}, f"{peer}: profiles measured {got}"
+    # Every Python row carries a peak from its own memory epoch (torch alone is hundreds of MiB).
+    python_rows = [r for r in streaming if "(CLI)" not in r["system"]]
+    no_peak = [(r["system"], r["profile"], r["config"]) for r in python_rows
+               if not r["peak_mem"] or r["peak_mem"]["median"] < 100 << 20]
+    assert python_rows and not no_peak, f"rows without a memory epoch's peak: {no_peak}"
     for s in skips:
         assert s["reason"].strip(), f"silent skip of {s['system']}"
         assert s["system"] in md and s["reason"][:40] in md
