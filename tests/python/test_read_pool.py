@@ -1,8 +1,9 @@
 """The read buffers a process keeps across datasets (docs/streaming.md, Memory): a script that
 opens a new dataset each epoch reads into the allocations the previous one let go of. Samples
 still held from an earlier dataset are never overwritten by the next one's reads, and a fork
-(a DataLoader starting its workers) leaves the kept buffers out of the children, so that the
-workers do not carry them, while samples the parent holds at the fork are the child's too."""
+(a DataLoader starting its workers) frees the kept buffers, so that neither the training process
+nor the workers carry them through the epoch, while samples the parent holds at the fork are the
+child's too."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def fork_and_run(child) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child failed"
 
 
-def test_a_fork_leaves_the_kept_read_buffers_out_of_the_child(tenk, stream_env):
+def test_a_fork_frees_the_kept_read_buffers(tenk, stream_env):
     for _ in range(2):  # the second dataset reads into the first one's kept buffers
         ds = shardstream.StreamingDataset(local=str(tenk))
         assert sum(1 for _ in ds) == N
@@ -76,21 +77,24 @@ def test_a_fork_leaves_the_kept_read_buffers_out_of_the_child(tenk, stream_env):
 
     before = rss_mib()
     fork_and_run(child)
+    after = rss_mib()
     os.close(wfd)
     in_child = float(os.read(rfd, 64).decode())
     os.close(rfd)
     # The pool of the default 512 MiB limit keeps up to 16 MiB; these reads (1 MiB runs, each its
-    # own mapping) leave 12-16 MiB in it. They stay the parent's (its next reads reuse them
-    # without a page fault) and are not mapped in the child at all.
+    # own mapping) leave 12-16 MiB in it. A DataLoader's workers make their own pools, and while
+    # they read the training process does not: the fork unmaps them, in the parent and so in the
+    # child.
+    assert before - after >= 8, f"RSS {before:.1f} MiB before the fork, {after:.1f} after it"
     assert before - in_child >= 8, f"RSS {before:.1f} MiB in the parent, {in_child:.1f} in the child"
     ds = shardstream.StreamingDataset(local=str(tenk))
-    assert sum(1 for _ in ds) == N, "the kept buffers serve the parent's next reads"
+    assert sum(1 for _ in ds) == N, "the parent's next reads map new buffers"
 
 
 def test_samples_held_across_a_fork_are_the_childs_too(tenk, stream_env):
     ds = shardstream.StreamingDataset(local=str(tenk), zero_copy=True)
     # Hold samples of the first runs only: the rest of the epoch's runs go back to the pool and
-    # are left out of the child at the fork; these stay mapped in both.
+    # are unmapped at the fork; these stay mapped in both.
     held = [(s["id"], s["pad"]) for s in ds if s["id"] < 300 and s["id"] % 7 == 0]
     del ds
     gc.collect()
@@ -109,8 +113,8 @@ def test_samples_held_across_a_fork_are_the_childs_too(tenk, stream_env):
 
     for _ in range(3):
         fork_and_run(child)
-        # The parent's next reads go into the buffers left out of that child: each is given
-        # back to children before samples use it, so the next child must see these too.
+        # The parent's next reads map new buffers (the fork unmapped the kept ones), and go
+        # back to the pool: the next child must see the samples held from them too.
         again = shardstream.StreamingDataset(local=str(tenk), zero_copy=True)
         seen = []
         for s in again:
