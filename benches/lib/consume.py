@@ -378,8 +378,7 @@ def main() -> None:
         k = 0
         # The timed epochs, then as many untimed epochs per configuration for its peak memory
         # (module doc): the peak is reported over runs like every other figure, because one
-        # epoch's peak moves by 10-20 MiB between runs (when the 50 ms samples fall, a sample
-        # taken while a DataLoader worker is being forked).
+        # epoch's peak moves by 10-50 MiB between runs of the same configuration.
         plan = [(rep, cfg) for rep in range(SPEC["runs"]) for cfg in job["configs"]]
         plan += [(None, cfg) for _ in range(SPEC["runs"]) for cfg in job["configs"]]
         for rep, cfg in plan:

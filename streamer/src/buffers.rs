@@ -197,9 +197,7 @@ impl Free {
     fn unmap_inherited_pages(&mut self) {
         let pid = std::process::id();
         if self.pid != pid {
-            let gone: usize = self.pages.iter().map(PageAlloc::capacity).sum();
-            self.pages.clear();
-            self.bytes = self.bytes.saturating_sub(gone);
+            self.unmap_pages();
             self.pid = pid;
         }
     }
