@@ -175,6 +175,42 @@ fn shard_damaged_on_the_server_is_an_error_naming_it() {
 }
 
 #[test]
+fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
+    // No hashes: only the size tells. A range of the longer object's first bytes would pass for
+    // the shard if the object's own size were not checked.
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), &Spec::small(300));
+    let server = moto_with(data.path(), &rt);
+    let location = s3_location(&server.endpoint(), "ds");
+    let mut longer = std::fs::read(data.path().join("shard.00001.mds")).unwrap();
+    longer.extend_from_slice(b"trailing bytes");
+    rt.block_on(location.put("shard.00001.mds", longer.into()))
+        .unwrap();
+    let mut shorter = std::fs::read(data.path().join("shard.00002.mds")).unwrap();
+    shorter.truncate(shorter.len() - 10);
+    rt.block_on(location.put("shard.00002.mds", shorter.into()))
+        .unwrap();
+
+    let ds = StreamingDataset::open_at(config(cache.path(), None), location).unwrap();
+    assert!(ds.shard(0).is_ok());
+    for (shard, what) in [(1, "longer"), (2, "shorter")] {
+        let err = ds.shard(shard).unwrap_err();
+        let text = err.to_string();
+        assert!(!err.is_transient(), "{err:?}");
+        let name = format!("s3://bucket/ds/shard.0000{shard}.mds");
+        assert!(text.contains(&name), "{text}");
+        assert!(text.contains(what), "{text}");
+    }
+    // Nothing of either stayed in the cache.
+    assert!(std::fs::read_dir(ds.cache_dir().join("tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[test]
 fn cache_never_exceeds_its_limit_while_streaming() {
     let rt = runtime();
     let data = tempfile::tempdir().unwrap();

@@ -289,7 +289,26 @@ impl Part<'_> {
                     ..GetOptions::default()
                 };
                 let body = self.location.store().get_opts(&path, options).await;
-                let mut body = body.map_err(backend)?.into_stream();
+                let body = body.map_err(backend)?;
+                // An object of another size than the index says is damaged (or replaced): an
+                // error before any of its bytes is written. (A range of a longer object would
+                // otherwise pass as the shard; the size is the whole object's, also for a range.)
+                let size = self.written.end();
+                if body.meta.size != size {
+                    return Err(StreamerError::Corrupt {
+                        what: url(),
+                        reason: format!(
+                            "the object is {} bytes, {} than the {size} its index says",
+                            body.meta.size,
+                            if body.meta.size > size {
+                                "longer"
+                            } else {
+                                "shorter"
+                            }
+                        ),
+                    });
+                }
+                let mut body = body.into_stream();
                 let mut first = true;
                 while let Some(frame) = body.next().await {
                     let mut rest = frame.map_err(backend)?;
