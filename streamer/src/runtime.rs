@@ -29,8 +29,9 @@ pub(crate) fn hold_runtime() -> RuntimeHold {
 }
 
 /// This process's runtime (two worker threads: the I/O is asynchronous, and reading, decoding
-/// and file writes run on its blocking threads or the caller's), made on first use and again
-/// after a fork.
+/// and file writes run on its blocking threads or the caller's, except a download's writes to
+/// the page cache, which run on the worker while they are fast; see `dataset::fetch`), made on
+/// first use and again after a fork.
 pub fn process_runtime() -> std::io::Result<Arc<Runtime>> {
     let pid = std::process::id();
     let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());

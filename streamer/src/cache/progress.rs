@@ -2,9 +2,10 @@
 //!
 //! A fetcher that serves a shard while it arrives may share its progress: it keeps the complete
 //! prefix in an extended attribute of the temp file, `user.shardstream.progress` (a
-//! little-endian `u64`), rewritten after each write. A process that finds the shard's fetch
-//! lock taken opens the temp file, and if it carries the attribute, reads the prefix from there
-//! instead of waiting for the commit (`dataset::engine` has the joining side).
+//! little-endian `u64`), rewritten as it grows (`dataset::growing::Publisher::advance` says how
+//! often). A process that finds the shard's fetch lock taken opens the temp file, and if it
+//! carries the attribute, reads the prefix from there instead of waiting for the commit
+//! (`dataset::engine` has the joining side).
 //!
 //! The attribute belongs to the temp file's inode, not to a file beside it: a reader's
 //! descriptor and the progress it reads are always the same file, whatever happens to the name

@@ -159,7 +159,7 @@ pub(crate) fn decompress(job: Job<'_>, budget: &Budget) -> Result<()> {
                     .map_err(io("write"))?;
                 written += n as u64;
                 if let Some(p) = progress {
-                    p.advance(written.min(raw_size));
+                    p.advance(written.min(raw_size), written >= raw_size);
                 }
             }
             written

@@ -509,7 +509,7 @@ impl Joined<'_> {
         loop {
             if let Some(n) = self.progress()?.filter(|&n| n > seen) {
                 seen = n.min(size);
-                publisher.advance(seen);
+                publisher.advance(seen, false);
                 checked = std::time::Instant::now();
             }
             if seen >= size {
@@ -521,7 +521,7 @@ impl Joined<'_> {
                     // It may have finished between the last look and the check.
                     seen = seen.max(self.progress()?.unwrap_or(0).min(size));
                     if seen >= size {
-                        publisher.advance(size);
+                        publisher.advance(size, true);
                         break;
                     }
                     return self.finish(seen, publisher, outage).await;

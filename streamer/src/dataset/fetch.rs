@@ -13,11 +13,12 @@
 //! - Frames are written as soon as they make [`GATHER_BYTES`], not gathered further: a frame
 //!   is a slice of the HTTP client's read buffer, and while any frame of it is held the client
 //!   reads the next bytes into a freshly allocated buffer (fresh pages, each faulted in). And
-//!   they are written on the download's own thread: a write to the page cache takes tens of
-//!   microseconds, less than handing it to the blocking pool and back (10 KB cold
-//!   `DataLoader(2)` epochs: 4,400-4,700 instead of 6,200-7,100 page faults in the downloading
-//!   process, and about 10 % less of its CPU). A write that took longer than [`SLOW_WRITE`] (a
-//!   disk throttling its writers) sends the download's later writes to the blocking pool.
+//!   they are written on the downloading task's thread (a worker of the runtime): a write to
+//!   the page cache takes tens of microseconds, less than handing it to the blocking pool and
+//!   back (10 KB cold `DataLoader(2)` epochs: 4,400-4,700 instead of 6,200-7,100 page faults
+//!   in the downloading process, and about 10 % less of its CPU). A write that took longer than
+//!   [`SLOW_WRITE`] (a disk throttling its writers) sends the process's writes to the blocking
+//!   pool for [`SLOW_SPELL`], gathered up to [`WRITE_BYTES`] again (see [`Writes`]).
 //! - A GET that fails after it delivered some bytes is resumed from the first byte not yet
 //!   written, never restarted.
 //! - Retries: `object_store` retries inside each request (its `retry_timeout` is clamped to the
@@ -30,8 +31,8 @@
 use std::fs::File;
 use std::io::IoSlice;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -53,10 +54,13 @@ pub const PART_BYTES: u64 = 64 << 20;
 pub const WRITE_BYTES: u64 = 1 << 20;
 /// Bytes a GET gathers before it writes them (a frame this size or larger is written alone).
 const GATHER_BYTES: u64 = 64 << 10;
-/// How far the complete prefix grows between its publications (after the first).
-const PUBLISH_BYTES: u64 = 1 << 20;
-/// A write slower than this sends the download's later writes to the blocking pool.
+/// A write slower than this sends the process's writes to the blocking pool for [`SLOW_SPELL`].
 const SLOW_WRITE: Duration = Duration::from_millis(5);
+/// How long writes stay in the blocking pool after a slow one.
+const SLOW_SPELL: Duration = Duration::from_secs(10);
+
+/// Where this process's download writes run (see the module doc and [`Writes`]).
+static WRITES: Writes = Writes::new(SLOW_WRITE, SLOW_SPELL);
 
 /// The failures of one shard's fetch, and how long they may go on.
 #[derive(Debug)]
@@ -238,8 +242,6 @@ async fn fill(
         written: Written::new(ranges.clone()),
         progress,
         outage,
-        writes: Writes::new(SLOW_WRITE),
-        published: AtomicU64::new(0),
     };
     let concurrency = location.options().concurrency.max(1);
     futures::stream::iter(ranges.into_iter().enumerate())
@@ -261,9 +263,6 @@ struct Part<'a> {
     written: Written,
     progress: Option<&'a Publisher>,
     outage: &'a Arc<Outage>,
-    writes: Writes,
-    /// The prefix last published to `progress`.
-    published: AtomicU64,
 }
 
 impl Part<'_> {
@@ -320,6 +319,12 @@ impl Part<'_> {
                     while !rest.is_empty() {
                         let take = rest.len().min(cap as usize - buf.len);
                         buf.push(rest.split_to(take));
+                        // Writes in the blocking pool gather up to `cap` again: fewer hand-offs.
+                        let gather = if WRITES.inline() {
+                            gather
+                        } else {
+                            cap as usize
+                        };
                         if buf.len >= gather || buf.frames.len() >= MAX_FRAMES {
                             (buf, at) = self.write(i, std::mem::take(&mut buf), at, hi).await?;
                         }
@@ -369,38 +374,47 @@ impl Part<'_> {
                 ),
             });
         }
-        let mut buf = self.writes.write(&self.file, self.dest, buf, at).await?;
+        let mut buf = WRITES.write(&self.file, self.dest, buf, at).await?;
         buf.clear();
         Metrics::add(&self.ds.metrics.fetch_bytes, len);
         let prefix = self.written.wrote(i, at + len);
         if let Some(p) = self.progress {
-            // Published at the first write, then every PUBLISH_BYTES and at the end: each
-            // publication of a shared download is an extended-attribute write (a journal
-            // transaction), and the other processes look for it once a millisecond.
-            let last = self.published.load(Ordering::Relaxed);
-            let end = self.written.end();
-            if prefix > last && (last == 0 || prefix - last >= PUBLISH_BYTES || prefix == end) {
-                self.published.store(prefix, Ordering::Relaxed);
-                p.advance(prefix);
-            }
+            p.advance(prefix, prefix == self.written.end());
         }
         Ok((buf, at + len))
     }
 }
 
-/// Where a download's writes run: on its own thread until one is slow, then in the blocking
-/// pool (see the module doc).
+/// Where download writes run: on the downloading task's thread (one of the runtime's workers),
+/// unless a write slower than `slow` was seen in the last `spell`; then in the blocking pool,
+/// so that a disk that throttles its writers stalls no other download, timer or reader of the
+/// runtime. Kept for the process (the cache's disk is the process's), not per download, so
+/// that each new download does not try the slow disk inline again.
 struct Writes {
-    inline: AtomicBool,
     slow: Duration,
+    spell: Duration,
+    /// Milliseconds after [`Writes::epoch`] before which writes go to the pool.
+    pooled_until_ms: AtomicU64,
+    epoch: OnceLock<Instant>,
 }
 
 impl Writes {
-    fn new(slow: Duration) -> Writes {
+    const fn new(slow: Duration, spell: Duration) -> Writes {
         Writes {
-            inline: AtomicBool::new(true),
             slow,
+            spell,
+            pooled_until_ms: AtomicU64::new(0),
+            epoch: OnceLock::new(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.get_or_init(Instant::now).elapsed().as_millis() as u64
+    }
+
+    /// Whether writes run inline now.
+    fn inline(&self) -> bool {
+        self.now_ms() >= self.pooled_until_ms.load(Ordering::Relaxed)
     }
 
     /// Writes `buf`'s frames at `at` of `file` (named `dest` in errors); returns `buf`.
@@ -416,11 +430,12 @@ impl Writes {
             path,
             source,
         };
-        if self.inline.load(Ordering::Relaxed) {
+        if self.inline() {
             let started = Instant::now();
             write_frames_at(file, &buf.frames, at).map_err(|e| failed(dest.to_path_buf(), e))?;
-            if started.elapsed() > self.slow {
-                self.inline.store(false, Ordering::Relaxed);
+            if started.elapsed() >= self.slow {
+                let until = self.now_ms().saturating_add(self.spell.as_millis() as u64);
+                self.pooled_until_ms.fetch_max(until, Ordering::Relaxed);
             }
             return Ok(buf);
         }
@@ -546,37 +561,49 @@ mod tests {
             g.push(Bytes::from_static(bytes));
             g
         };
-        // Every write counts as slow: the first runs inline, the next in the blocking pool.
-        let writes = Writes::new(Duration::ZERO);
+        // Every write counts as slow: the first runs inline, the next ones in the blocking pool
+        // for the spell.
+        let hour = Duration::from_secs(3600);
+        let writes = Writes::new(Duration::ZERO, hour);
         rt.block_on(async {
+            assert!(writes.inline());
             let first = writes.write(&file, &dest, gathered(b"abc"), 0).await;
             assert_eq!(first.unwrap().len, 3);
             assert!(
-                !writes.inline.load(Ordering::Relaxed),
-                "a slow write turns inline off"
+                !writes.inline(),
+                "a slow write sends the next ones to the pool"
             );
             writes
                 .write(&file, &dest, gathered(b"def"), 3)
                 .await
                 .unwrap();
+            assert!(!writes.inline());
         });
         let mut got = [0u8; 6];
         file.read_exact_at(&mut got, 0).unwrap();
         assert_eq!(&got, b"abcdef");
 
-        // Fast writes stay inline.
-        let writes = Writes::new(Duration::from_secs(3600));
+        // Fast writes stay inline; after the spell, writes are tried inline again.
+        let writes = Writes::new(hour, hour);
         rt.block_on(writes.write(&file, &dest, gathered(b"g"), 6))
             .unwrap();
-        assert!(writes.inline.load(Ordering::Relaxed));
+        assert!(writes.inline());
+        let writes = Writes::new(Duration::ZERO, Duration::ZERO);
+        rt.block_on(writes.write(&file, &dest, gathered(b"h"), 7))
+            .unwrap();
+        assert!(writes.inline(), "a spell of zero is over at once");
+        let mut got = [0u8; 8];
+        file.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got, b"abcdefgh");
 
         // A failed write names the file, on either path.
         let read_only = Arc::new(File::open(&dest).unwrap());
-        for slow in [Duration::from_secs(3600), Duration::ZERO] {
-            let writes = Writes::new(slow);
-            writes
-                .inline
-                .store(slow > Duration::ZERO, Ordering::Relaxed);
+        for pooled in [false, true] {
+            let writes = Writes::new(hour, hour);
+            if pooled {
+                writes.pooled_until_ms.store(u64::MAX, Ordering::Relaxed);
+            }
+            assert_eq!(writes.inline(), !pooled);
             let err = rt
                 .block_on(writes.write(&read_only, &dest, gathered(b"x"), 0))
                 .unwrap_err();

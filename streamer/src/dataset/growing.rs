@@ -18,7 +18,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
@@ -48,7 +48,13 @@ pub(crate) struct Publisher {
     share: bool,
     /// Once shared: the temp file whose progress attribute follows the prefix.
     shared: OnceLock<Arc<File>>,
+    /// The prefix last written to the progress attribute.
+    shared_prefix: AtomicU64,
 }
+
+/// How far the prefix grows between two writes of the progress attribute (after the first):
+/// each is a journal transaction, and the other processes look for it once a millisecond.
+const SHARE_STEP: u64 = 1 << 20;
 
 /// The readers' side: waits for a prefix. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -77,6 +83,7 @@ fn channel_with(what: Arc<str>, share: bool) -> (Publisher, Growing) {
             finished: AtomicBool::new(false),
             share,
             shared: OnceLock::new(),
+            shared_prefix: AtomicU64::new(0),
         },
         Growing { rx, what },
     )
@@ -92,8 +99,10 @@ impl Publisher {
     /// being written (`cache::progress`). Where the file system has no user attributes, the
     /// download is simply not shared.
     pub(crate) fn share_through(&self, file: Arc<File>) {
-        match progress::write(&file, self.readable_now()) {
+        let now = self.readable_now();
+        match progress::write(&file, now) {
             Ok(()) => {
+                self.shared_prefix.fetch_max(now, Ordering::Relaxed);
                 let _ = self.shared.set(file);
             }
             Err(e) => tracing::debug!(error = %e, "download progress not shared"),
@@ -107,8 +116,11 @@ impl Publisher {
         }
     }
 
-    /// The first `bytes` bytes are written. Never moves the prefix back.
-    pub(crate) fn advance(&self, bytes: u64) {
+    /// The first `bytes` bytes are written. Never moves the prefix back. This process's
+    /// readers see every advance; other processes (a shared download) see the first, then one
+    /// per [`SHARE_STEP`] bytes, and every one with `last` set (the writer's last, which they
+    /// must see).
+    pub(crate) fn advance(&self, bytes: u64, last: bool) {
         let moved = self.tx.send_if_modified(|p| match p {
             Progress::Written(n) if *n < bytes => {
                 *n = bytes;
@@ -116,7 +128,12 @@ impl Publisher {
             }
             _ => false,
         });
-        if let (true, Some(file)) = (moved, self.shared.get()) {
+        let Some(file) = self.shared.get().filter(|_| moved) else {
+            return;
+        };
+        let before = self.shared_prefix.load(Ordering::Relaxed);
+        if last || before == 0 || bytes.saturating_sub(before) >= SHARE_STEP {
+            self.shared_prefix.fetch_max(bytes, Ordering::Relaxed);
             // Best effort: a reader that misses one update waits for the next.
             if let Err(e) = progress::write(file, bytes) {
                 tracing::debug!(error = %e, "could not share download progress");
@@ -235,16 +252,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn other_processes_see_the_first_advance_then_one_per_step_and_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("t"))
+            .unwrap();
+        let file = Arc::new(file);
+        let (tx, rx) = shared_channel(Arc::from("s"));
+        tx.share_through(Arc::clone(&file));
+        let shared = || progress::read(&file).unwrap();
+        assert_eq!(shared(), Some(0));
+        tx.advance(64 << 10, false);
+        assert_eq!(shared(), Some(64 << 10), "the first advance is shared");
+        tx.advance(512 << 10, false);
+        assert_eq!(
+            rx.wait_blocking(1).unwrap(),
+            512 << 10,
+            "this process sees each one"
+        );
+        assert_eq!(shared(), Some(64 << 10), "less than a step is not written");
+        tx.advance((64 << 10) + SHARE_STEP, false);
+        assert_eq!(shared(), Some((64 << 10) + SHARE_STEP));
+        tx.advance((65 << 10) + SHARE_STEP, true);
+        assert_eq!(shared(), Some((65 << 10) + SHARE_STEP), "the last one is");
+    }
+
+    #[test]
     fn readers_wait_for_the_prefix_and_see_failures() {
         let (tx, rx) = channel(Arc::from("s"));
-        tx.advance(10);
+        tx.advance(10, false);
         assert_eq!(rx.wait_blocking(5).unwrap(), 10);
-        tx.advance(4); // never moves back
+        tx.advance(4, true); // never moves back
         let waiter = {
             let rx = rx.clone();
             std::thread::spawn(move || rx.wait_blocking(100))
         };
-        tx.advance(100);
+        tx.advance(100, false);
         assert_eq!(waiter.join().unwrap().unwrap(), 100);
         tx.done();
         assert!(rx.is_done());
