@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::outage::SwitchProxy;
 use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
+use shardstream_storage::testing::MotoServer;
+use shardstream_storage::Location;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
@@ -43,6 +45,29 @@ fn plan(shuffle: bool, window: u32) -> StreamPlan {
 }
 
 /// Bytes of shard files in the cache folder now (complete and in progress).
+/// `spec`'s dataset on a fresh moto server, and an empty cache folder.
+struct Served {
+    location: Location,
+    cache: tempfile::TempDir,
+    _server: MotoServer,
+    data: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+fn served(spec: &Spec) -> Served {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), spec);
+    let server = moto_with(data.path(), &rt);
+    Served {
+        location: s3_location(&server.endpoint(), "ds"),
+        cache: tempfile::tempdir().unwrap(),
+        _server: server,
+        data,
+        rt,
+    }
+}
+
 fn disk_usage(dir: &Path) -> u64 {
     ["data", "tmp"]
         .iter()
@@ -178,12 +203,8 @@ fn shard_damaged_on_the_server_is_an_error_naming_it() {
 fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
     // No hashes: only the size tells. A range of the longer object's first bytes would pass for
     // the shard if the object's own size were not checked.
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    write_dataset(data.path(), &Spec::small(300));
-    let server = moto_with(data.path(), &rt);
-    let location = s3_location(&server.endpoint(), "ds");
+    let served = served(&Spec::small(300));
+    let (data, rt, location) = (&served.data, &served.rt, &served.location);
     let mut longer = std::fs::read(data.path().join("shard.00001.mds")).unwrap();
     longer.extend_from_slice(b"trailing bytes");
     rt.block_on(location.put("shard.00001.mds", longer.into()))
@@ -193,7 +214,8 @@ fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
     rt.block_on(location.put("shard.00002.mds", shorter.into()))
         .unwrap();
 
-    let ds = StreamingDataset::open_at(config(cache.path(), None), location).unwrap();
+    let ds = StreamingDataset::open_at(config(served.cache.path(), None), location.clone());
+    let ds = ds.unwrap();
     assert!(ds.shard(0).is_ok());
     for (shard, what) in [(1, "longer"), (2, "shorter")] {
         let err = ds.shard(shard).unwrap_err();
@@ -260,12 +282,8 @@ fn cache_never_exceeds_its_limit_while_streaming() {
 
 #[test]
 fn cache_limit_smaller_than_the_order_needs_fails_at_start() {
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    write_dataset(data.path(), &Spec::small(400));
-    let server = moto_with(data.path(), &rt);
-    let location = s3_location(&server.endpoint(), "ds");
+    let served = served(&Spec::small(400));
+    let (cache, location) = (&served.cache, served.location.clone());
     // Three shards fit; a shuffle window of four does not.
     let ds =
         StreamingDataset::open_at(config(cache.path(), Some(3 * 70 * 1024)), location).unwrap();
