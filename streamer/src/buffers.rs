@@ -243,8 +243,9 @@ impl BufferPool {
     fn release(&self) -> usize {
         match self.lock() {
             Some(mut free) => {
-                free.unmap_inherited_pages();
+                // Every kept mapping goes, whichever process's list this was.
                 free.unmap_pages();
+                free.pid = std::process::id();
                 let heap: usize = free.buffers.iter().map(Vec::capacity).sum();
                 free.buffers = Vec::new();
                 free.bytes -= heap;

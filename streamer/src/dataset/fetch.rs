@@ -32,7 +32,7 @@ use std::fs::File;
 use std::io::IoSlice;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -276,7 +276,16 @@ impl Part<'_> {
         let path = self.location.path(self.rel)?;
         let mut buf = Gathered::default();
         let mut at = lo;
-        let gather = GATHER_BYTES.min(cap) as usize;
+        // How much to gather before the next write, decided after each write (not per frame).
+        let gather_for = || {
+            if WRITES.inline() {
+                GATHER_BYTES.min(cap) as usize
+            } else {
+                // Writes in the blocking pool gather up to `cap` again: fewer hand-offs.
+                cap as usize
+            }
+        };
+        let mut gather = gather_for();
         let mut backoff = Duration::from_millis(200);
         while at < hi {
             Metrics::add(&ds.metrics.fetch_requests, 1);
@@ -319,14 +328,9 @@ impl Part<'_> {
                     while !rest.is_empty() {
                         let take = rest.len().min(cap as usize - buf.len);
                         buf.push(rest.split_to(take));
-                        // Writes in the blocking pool gather up to `cap` again: fewer hand-offs.
-                        let gather = if WRITES.inline() {
-                            gather
-                        } else {
-                            cap as usize
-                        };
                         if buf.len >= gather || buf.frames.len() >= MAX_FRAMES {
                             (buf, at) = self.write(i, std::mem::take(&mut buf), at, hi).await?;
+                            gather = gather_for();
                         }
                     }
                 }
@@ -393,9 +397,10 @@ impl Part<'_> {
 struct Writes {
     slow: Duration,
     spell: Duration,
-    /// Milliseconds after [`Writes::epoch`] before which writes go to the pool.
+    /// The wall clock, in milliseconds, until which writes go to the pool. An atomic rather
+    /// than a lock, so that a process forked mid-update cannot inherit it held; a wall clock
+    /// that steps only makes one spell shorter or longer.
     pooled_until_ms: AtomicU64,
-    epoch: OnceLock<Instant>,
 }
 
 impl Writes {
@@ -404,17 +409,18 @@ impl Writes {
             slow,
             spell,
             pooled_until_ms: AtomicU64::new(0),
-            epoch: OnceLock::new(),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.get_or_init(Instant::now).elapsed().as_millis() as u64
+    fn now_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
     }
 
     /// Whether writes run inline now.
     fn inline(&self) -> bool {
-        self.now_ms() >= self.pooled_until_ms.load(Ordering::Relaxed)
+        Writes::now_ms() >= self.pooled_until_ms.load(Ordering::Relaxed)
     }
 
     /// Writes `buf`'s frames at `at` of `file` (named `dest` in errors); returns `buf`.
@@ -434,7 +440,7 @@ impl Writes {
             let started = Instant::now();
             write_frames_at(file, &buf.frames, at).map_err(|e| failed(dest.to_path_buf(), e))?;
             if started.elapsed() >= self.slow {
-                let until = self.now_ms().saturating_add(self.spell.as_millis() as u64);
+                let until = Writes::now_ms().saturating_add(self.spell.as_millis() as u64);
                 self.pooled_until_ms.fetch_max(until, Ordering::Relaxed);
             }
             return Ok(buf);
