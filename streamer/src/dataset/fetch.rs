@@ -277,6 +277,8 @@ impl Part<'_> {
         let mut buf = Gathered::default();
         let mut at = lo;
         // How much to gather before the next write, decided after each write (not per frame).
+        // The first write comes after GATHER_BYTES whatever the mode, so that a shard's header
+        // and first samples are readable one round trip after the request.
         let gather_for = || {
             if WRITES.inline() {
                 GATHER_BYTES.min(cap) as usize
@@ -285,7 +287,7 @@ impl Part<'_> {
                 cap as usize
             }
         };
-        let mut gather = gather_for();
+        let mut gather = GATHER_BYTES.min(cap) as usize;
         let mut backoff = Duration::from_millis(200);
         while at < hi {
             Metrics::add(&ds.metrics.fetch_requests, 1);
