@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::outage::SwitchProxy;
+use common::outage::{CutProxy, SwitchProxy};
 use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
 use shardstream_storage::testing::MotoServer;
 use shardstream_storage::Location;
@@ -49,7 +49,7 @@ fn plan(shuffle: bool, window: u32) -> StreamPlan {
 struct Served {
     location: Location,
     cache: tempfile::TempDir,
-    _server: MotoServer,
+    server: MotoServer,
     data: tempfile::TempDir,
     rt: tokio::runtime::Runtime,
 }
@@ -62,7 +62,7 @@ fn served(spec: &Spec) -> Served {
     Served {
         location: s3_location(&server.endpoint(), "ds"),
         cache: tempfile::tempdir().unwrap(),
-        _server: server,
+        server,
         data,
         rt,
     }
@@ -230,6 +230,89 @@ fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
         .unwrap()
         .next()
         .is_none());
+}
+
+/// Replaces a shard on the server while its download is cut mid-body, so the download's
+/// resumed GET meets the new object; returns the error a reader of the whole shard got, and
+/// the served dataset (for what follows).
+fn replaced_mid_download(
+    name: &str,
+    replace: impl FnOnce(&mut Vec<u8>),
+) -> (StreamerError, Served, StreamingDataset) {
+    // Shards of about 512 KiB, no hashes: nothing but the object's version tells.
+    let served = served(&Spec {
+        shard_limit: 512 << 10,
+        ..Spec::small(1200)
+    });
+    let proxy = served.rt.block_on(CutProxy::start(served.server.addr()));
+    let ds = StreamingDataset::open_at(
+        config(served.cache.path(), None),
+        s3_location(&proxy.endpoint(), "ds"),
+    )
+    .unwrap();
+    let mut new = std::fs::read(served.data.path().join(name)).unwrap();
+    replace(&mut new);
+    // The cut comes after 200 KiB of the shard: past its first writes, before its end.
+    let direct = served.location.clone();
+    let key = name.to_string();
+    proxy.arm(200 << 10, async move {
+        direct.put(&key, new.into()).await.unwrap();
+    });
+    let shard: usize = name["shard.".len()..][..5].parse().unwrap();
+    let whole = ds.shard(shard).and_then(|h| {
+        let mut buf = vec![0u8; h.len() as usize];
+        h.read_at(0, &mut buf).map(|_| buf)
+    });
+    assert!(proxy.has_cut(), "the download was never cut");
+    let err = whole.expect_err("a shard read across two versions of its object");
+    drop(proxy);
+    (err, served, ds)
+}
+
+fn changed_after_64k(bytes: &mut [u8]) {
+    bytes[64 << 10..].iter_mut().for_each(|b| *b ^= 0x55);
+}
+
+#[test]
+fn shard_replaced_on_the_server_mid_download_is_an_error_not_a_mix_of_both() {
+    // Same size and header, other sample bytes from 64 KiB on: without the version check the
+    // resumed GET would append the new object's tail to the old one's head, and nothing would
+    // notice.
+    let (err, served, ds) = replaced_mid_download("shard.00001.mds", |b| changed_after_64k(b));
+    let text = err.to_string();
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(text.contains("s3://bucket/ds/shard.00001.mds"), "{text}");
+    assert!(text.contains("changed"), "{text}");
+    // The next open fetches the new version whole, from the server itself.
+    drop(ds);
+    let ds = StreamingDataset::open_at(config(served.cache.path(), None), served.location.clone());
+    let h = ds.unwrap().shard(1).unwrap();
+    let mut got = vec![0u8; h.len() as usize];
+    h.read_at(0, &mut got).unwrap();
+    let mut want = std::fs::read(served.data.path().join("shard.00001.mds")).unwrap();
+    changed_after_64k(&mut want);
+    assert!(got == want, "the refetched shard is not the new object");
+}
+
+#[test]
+fn shard_shrunk_on_the_server_mid_download_is_an_error_at_once() {
+    // Shorter than what was written before the cut: the resumed range starts past the new end
+    // and is answered 416, which reads as a transient failure. It was retried for the whole
+    // window and then reported as an outage.
+    let (err, _served, ds) = replaced_mid_download("shard.00000.mds", |bytes| {
+        bytes.truncate(100 << 10);
+    });
+    let text = err.to_string();
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(text.contains("s3://bucket/ds/shard.00000.mds"), "{text}");
+    assert!(text.contains("changed"), "{text}");
+    // Nothing of the failed download stays in the cache.
+    let tmp = ds.cache_dir().join("tmp");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(&tmp).unwrap().next().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(std::fs::read_dir(&tmp).unwrap().next().is_none());
 }
 
 #[test]

@@ -17,8 +17,11 @@
 //!   read the same prefix instead of waiting for the commit, and fetch the rest themselves if
 //!   the writer dies. Other shards they wait for on the shard's fetch lock.
 //! - Transient storage failures are retried inside one window ([`super::fetch::Outage`],
-//!   `StreamingConfig::retry_window`); a download whose size or hash is wrong is retried
-//!   [`DAMAGED_ATTEMPTS`] times, then reported naming the shard.
+//!   `StreamingConfig::retry_window`); a download whose size or hash is wrong, or whose object
+//!   was replaced before its header was readable, is fetched again from its start
+//!   [`DAMAGED_ATTEMPTS`] times, then reported naming the shard. One replaced after a reader
+//!   got its handle fails that reader's waits with the error: its first samples were of the
+//!   old version.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -277,12 +280,24 @@ pub(crate) async fn open_shard(
     }
 }
 
+/// A download that ended with bytes not to be kept (damaged, or of an object replaced while it
+/// was read): fetched again from its start, a bounded number of times.
 fn is_damaged(e: &StreamerError) -> bool {
+    let refetch = |s: &StreamerError| {
+        matches!(
+            s,
+            StreamerError::Corrupt { .. }
+                | StreamerError::Storage(shardstream_storage::StorageError::Changed { .. })
+        )
+    };
     matches!(
         e,
         StreamerError::Cache(CacheError::SizeMismatch { .. } | CacheError::HashMismatch { .. })
+    ) || matches!(
+        e,
+        StreamerError::Storage(shardstream_storage::StorageError::Changed { .. })
     ) || matches!(e, StreamerError::Cache(CacheError::Fetch { source, .. })
-        if source.downcast_ref::<StreamerError>().is_some_and(|s| matches!(s, StreamerError::Corrupt { .. })))
+        if source.downcast_ref::<StreamerError>().is_some_and(refetch))
 }
 
 /// Turns cache-level damage reports into errors that name the shard as the index does.

@@ -21,6 +21,11 @@
 //!   pool for [`SLOW_SPELL`], gathered up to [`WRITE_BYTES`] again (see [`Writes`]).
 //! - A GET that fails after it delivered some bytes is resumed from the first byte not yet
 //!   written, never restarted.
+//! - Every GET of a download after the first response carries `If-Match` with that response's
+//!   ETag, and every response's ETag must equal it: an object replaced mid-download (a resumed
+//!   GET, or another part) fails with [`StorageError::Changed`] instead of leaving a file made of
+//!   two versions (or, for a shrunken object, a `416` retried as if transient for the whole
+//!   window).
 //! - Retries: `object_store` retries inside each request (its `retry_timeout` is clamped to the
 //!   window when the streamer opens the location); this module retries a failed GET while the
 //!   outage, counted from the last byte received (or the start of the first failed attempt)
@@ -240,6 +245,7 @@ async fn fill(
         file: Arc::clone(file),
         dest,
         written: Written::new(ranges.clone()),
+        version: Mutex::new(None),
         progress,
         outage,
     };
@@ -261,6 +267,8 @@ struct Part<'a> {
     file: Arc<File>,
     dest: &'a Path,
     written: Written,
+    /// The ETag of the download's first response: the version every other response must be.
+    version: Mutex<Option<String>>,
     progress: Option<&'a Publisher>,
     outage: &'a Arc<Outage>,
 }
@@ -296,10 +304,12 @@ impl Part<'_> {
             let result: Result<()> = async {
                 let options = GetOptions {
                     range: Some(GetRange::Bounded(at..hi)),
+                    if_match: self.version(),
                     ..GetOptions::default()
                 };
                 let body = self.location.store().get_opts(&path, options).await;
                 let body = body.map_err(backend)?;
+                self.same_version(body.meta.e_tag.as_deref(), url)?;
                 // An object of another size than the index says is damaged (or replaced): an
                 // error before any of its bytes is written. (A range of a longer object would
                 // otherwise pass as the shard; the size is the whole object's, also for a range.)
@@ -363,6 +373,26 @@ impl Part<'_> {
                 }
                 Err(e) => return Err(e),
             }
+        }
+        Ok(())
+    }
+
+    /// The ETag later requests must match (`None` before the first response).
+    fn version(&self) -> Option<String> {
+        self.version.lock().ok().and_then(|v| v.clone())
+    }
+
+    /// Records the first response's ETag; a later response of another one is an object
+    /// replaced mid-download (a server that ignores `If-Match`, or parts whose first requests
+    /// crossed the replacement).
+    fn same_version(&self, etag: Option<&str>, url: impl Fn() -> String) -> Result<()> {
+        let (Some(etag), Ok(mut version)) = (etag, self.version.lock()) else {
+            return Ok(());
+        };
+        match version.as_deref() {
+            None => *version = Some(etag.to_string()),
+            Some(first) if first == etag => {}
+            Some(_) => return Err(StorageError::Changed { url: url() }.into()),
         }
         Ok(())
     }

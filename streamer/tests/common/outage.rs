@@ -1,11 +1,12 @@
-//! A TCP forwarder on a fixed loopback port that can be switched off (listener closed, open
-//! connections cut) and on again on the same port: an S3 server that goes down and comes back,
-//! without losing moto's in-memory objects.
+//! TCP forwarders in front of moto that misbehave on cue: one on a fixed loopback port that can
+//! be switched off (listener closed, open connections cut) and on again on the same port (an S3
+//! server that goes down and comes back, without losing moto's in-memory objects); one that
+//! stalls mid-body; one that cuts a response at a chosen byte after running a hook.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -147,4 +148,110 @@ async fn stall(client: TcpStream, upstream: SocketAddr, limit: u64) {
     // Hold the connection open, sending nothing more, until the proxy is dropped.
     std::future::pending::<()>().await;
     drop(up);
+}
+
+/// What a [`CutProxy`] does once armed: pass `left` more response bytes, run `before`, cut.
+struct Cut {
+    left: usize,
+    before: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+/// A TCP forwarder that, once armed, passes a given number of response bytes more (over all its
+/// connections), then runs a hook (replacing the object on the server, say) and only then cuts
+/// the connection that carried them: the client's resumed request meets what the hook left.
+pub struct CutProxy {
+    addr: SocketAddr,
+    armed: Arc<Mutex<Option<Cut>>>,
+    task: JoinHandle<()>,
+}
+
+impl CutProxy {
+    pub async fn start(upstream: SocketAddr) -> CutProxy {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let armed = Arc::new(Mutex::new(None));
+        let shared = Arc::clone(&armed);
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        if let Ok((client, _)) = accepted {
+                            connections.spawn(cut(client, upstream, Arc::clone(&shared)));
+                        }
+                    }
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+        });
+        CutProxy { addr, armed, task }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Cuts after `after` more response bytes, once `before` has run.
+    pub fn arm(
+        &self,
+        after: usize,
+        before: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        *self.armed.lock().unwrap() = Some(Cut {
+            left: after,
+            before: Box::pin(before),
+        });
+    }
+
+    /// Whether the armed cut has happened.
+    pub fn has_cut(&self) -> bool {
+        self.armed.lock().unwrap().is_none()
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn cut(client: TcpStream, upstream: SocketAddr, armed: Arc<Mutex<Option<Cut>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut server_rd, mut server_wr) = server.into_split();
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_rd, &mut server_wr).await;
+    });
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match server_rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let due = {
+            let mut slot = armed.lock().unwrap();
+            match slot.as_mut() {
+                Some(c) if c.left <= n => slot.take().map(|c| (c.left, c.before)),
+                Some(c) => {
+                    c.left -= n;
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some((pass, before)) = due {
+            let _ = client_wr.write_all(&buf[..pass]).await;
+            let _ = client_wr.flush().await;
+            before.await;
+            break;
+        }
+        if client_wr.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    // Both halves dropped: the client sees its response end early.
+    up.abort();
 }
