@@ -144,10 +144,6 @@ impl Layout {
         self.root.join("space.ledger")
     }
 
-    pub(crate) fn ledger_tmp(&self) -> PathBuf {
-        self.root.join("space.ledger.tmp")
-    }
-
     pub(crate) fn open_lock(&self) -> PathBuf {
         self.root.join("cache.lock")
     }
@@ -218,8 +214,7 @@ impl Layout {
     pub(crate) fn new_generation(&self) -> Result<u64> {
         let old = self.read_generation()?;
         let generation = random_generation(old);
-        let path = self.generation();
-        fs::write(&path, format!("{generation}\n")).map_err(io_err("write", &path))?;
+        overwrite_in_place(&self.generation(), format!("{generation:020}\n").as_bytes())?;
         Ok(generation)
     }
 }
@@ -246,6 +241,30 @@ fn random_generation(old: u64) -> u64 {
 /// The marker file's content for this layout.
 fn marker_text() -> String {
     format!("{{\"layout\":{LAYOUT_VERSION}}}\n")
+}
+
+/// Writes `bytes` over the start of `path` (creating it), without truncating it first (only a
+/// longer file is cut to `bytes` afterwards): for small files rewritten at a fixed width under
+/// a lock their readers take too (the generation, the space ledger). ext4 flushes a file that
+/// was truncated, or renamed over another, when it is closed (`auto_da_alloc`), and where it is
+/// mounted with `discard` and without a journal, freeing the old blocks waits for the device:
+/// 180-200 µs for a truncating write or a write-and-rename on the development VM, 4 µs in
+/// place. Not atomic against a power cut; callers' files are trusted for one boot only.
+pub(crate) fn overwrite_in_place(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    f.write_all_at(bytes, 0).map_err(io_err("write", path))?;
+    let len = f.metadata().map_err(io_err("stat", path))?.len();
+    if len > bytes.len() as u64 {
+        f.set_len(bytes.len() as u64)
+            .map_err(io_err("truncate", path))?;
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `tmp`, fsyncs it, renames it over `path` and fsyncs the folder, so `path`
@@ -312,6 +331,39 @@ pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overwrite_in_place_leaves_exactly_the_new_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        // Absent, shorter (an older variable-width ledger), longer (anything else).
+        overwrite_in_place(&path, b"00000000000000000042\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"00000000000000000042\n");
+        fs::write(&path, "7 9\n").unwrap();
+        overwrite_in_place(&path, b"00000000000000000007 00000000000000000010\n").unwrap();
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            "00000000000000000007 00000000000000000010\n"
+        );
+        fs::write(&path, "x".repeat(100)).unwrap();
+        overwrite_in_place(&path, b"1\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"1\n");
+    }
+
+    #[test]
+    fn a_generation_is_read_back_whatever_its_width() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().to_path_buf());
+        layout.create().unwrap();
+        let drawn = layout.new_generation().unwrap();
+        assert_eq!(layout.read_generation().unwrap(), drawn);
+        // A folder whose generation an older version wrote (no padding).
+        fs::write(layout.generation(), "12345\n").unwrap();
+        assert_eq!(layout.read_generation().unwrap(), 12345);
+        let next = layout.new_generation().unwrap();
+        assert_ne!(next, 12345);
+        assert_eq!(layout.read_generation().unwrap(), next);
+    }
 
     #[test]
     fn key_ids_are_hex_and_round_trip() {
