@@ -16,7 +16,9 @@ collate_fn=lambda b: b)`, which moves small batches from the workers in groups, 
 columns not turned into tensors one shared-memory segment each; and, as `batches-one-by-one`,
 through a plain DataLoader). `--batch N` sets every set's batch size.
 `--sets 1MB` adds 1 MB samples (not in the default run); `--modes iter,iter-zero-copy` measures
-plain iteration without a DataLoader, with `bytes` values and with `zero_copy=True` buffers.
+plain iteration without a DataLoader, with `bytes` values and with `zero_copy=True` buffers;
+`--modes getitem,getitem-random` measures random access (`ds[i]` over every index, in order and
+shuffled).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ if mode.startswith("batches"):
         loader = DataLoader if mode == "batches-one-by-one" else shardstream.StreamingDataLoader
         batches = loader(batches, batch_size=None, num_workers=workers,
                          multiprocessing_context="fork", collate_fn=lambda b: b)
+elif mode.startswith("getitem"):
+    # Random access, `ds[i]` over every index: in order, or in a shuffled order
+    # (`getitem-random`), each sample counted as a batch of one.
+    import random
+    order = list(range(len(ds)))
+    if mode == "getitem-random":
+        random.Random(0).shuffle(order)
+    batches = ([ds[i]["id"]] for i in order)
 elif mode.startswith("iter"):
     # Plain iteration of the dataset (no DataLoader): each sample counts as a batch of one,
     # after a view of its `pad` column (what a consumer does first with bytes or a buffer).
@@ -67,7 +77,7 @@ else:
     batches = DataLoader(ds, batch_size=batch, num_workers=workers,
                          multiprocessing_context="fork" if workers else None)
 for b in batches:
-    ids = b if mode.startswith("iter") else b["id"]
+    ids = b if mode.startswith(("iter", "getitem")) else b["id"]
     if first is None:
         t1 = time.perf_counter()
         first = t1 - t0
@@ -124,12 +134,12 @@ def measure(lib: str, path: Path, workers: int, batch: int, mode: str, env: dict
     return r
 
 
-def write(path: Path, n: int, size: int) -> None:
+def write(path: Path, n: int, size: int, shard_bytes: int) -> None:
     import numpy as np
     from streaming import MDSWriter
 
     with MDSWriter(out=str(path), columns={"id": "int", "x": "uint32", "pad": "bytes"},
-                   size_limit=1 << 26) as w:
+                   size_limit=shard_bytes) as w:
         for i in range(n):
             w.write({"id": i, "x": np.uint32(i), "pad": bytes([i % 251]) * size})
 
@@ -146,8 +156,12 @@ def main() -> None:
     ap.add_argument("--workers", default="0,2", help="comma-separated DataLoader num_workers")
     ap.add_argument("--no-batches", action="store_true", help="skip the batch path")
     ap.add_argument("--batch", type=int, default=None, help="batch size of every set (default: 64, 256, 8)")
+    ap.add_argument("--shard-bytes", type=int, default=1 << 26,
+                    help="the datasets' shard size limit (default 64 MiB; smaller gives more shards, "
+                         "as random access over many shards needs)")
     ap.add_argument("--modes", default="samples",
-                    help="comma-separated per-sample modes: samples (DataLoader), iter, iter-zero-copy")
+                    help="comma-separated per-sample modes: samples (DataLoader), iter, iter-zero-copy, "
+                         "getitem, getitem-random")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="ss-bench-"))
     scale = 4 if args.quick else 1
@@ -164,9 +178,9 @@ def main() -> None:
     env.setdefault("SHARDSTREAM_CACHE_ROOT", str(out / "cache"))
     results = []
     for name, (n, size, batch) in sets.items():
-        path = out / name
+        path = out / (name if args.shard_bytes == 1 << 26 else f"{name}-{args.shard_bytes}")
         if not (path / "index.json").exists():
-            write(path, n, size)
+            write(path, n, size, args.shard_bytes)
         for mode in args.modes.split(","):
             for lib in libs:
                 if mode == "iter-zero-copy" and lib != "shardstream":

@@ -316,6 +316,16 @@ impl NativeDataset {
                 "sample {index} is out of range (the dataset has {n})"
             )));
         }
+        // The shard open already and the sample on disk: read and parse it here with the GIL
+        // released, without the helper thread (a thread per call cost more than the read).
+        let (decoder, ds) = (&self.decoder, &self.ds);
+        let now = py.detach(|| {
+            ds.sample_now(index as u64)
+                .map(|raw| parse_raw(decoder, raw, ds).map_err(from_format))
+        });
+        if let Some(parsed) = now {
+            return self.decoder.to_python(py, parsed?);
+        }
         let decoder = Arc::clone(&self.decoder);
         let ds = Arc::clone(&self.ds);
         let parsed = interruptible(py, move || -> PyResult<ParsedSample> {
@@ -646,19 +656,30 @@ impl NativePrefetch {
 
 /// Runs `f` on a helper thread and waits for it with the GIL released, checking for signals
 /// every [`POLL`]: a call blocked on storage still answers Ctrl-C (the helper finishes on its own).
+/// Once the process runtime runs, the helper is one of its blocking threads, which stay for the
+/// next calls (starting and joining a thread for each call cost more than a random-access
+/// read); before, a thread of its own, so that building a dataset starts no runtime.
 fn interruptible<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> PyResult<T> {
     let (tx, rx) = sync_channel::<T>(1);
-    std::thread::Builder::new()
-        .name("shardstream-call".into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|e| {
-            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot start a helper thread: {e}"))
-        })?;
+    let job = move || {
+        let _ = tx.send(f());
+    };
+    match shardstream_streamer::runtime::started_runtime() {
+        Some(rt) => drop(rt.spawn_blocking(job)),
+        None => drop(
+            std::thread::Builder::new()
+                .name("shardstream-call".into())
+                .spawn(job)
+                .map_err(|e| {
+                    pyo3::exceptions::PyRuntimeError::new_err(format!(
+                        "cannot start a helper thread: {e}"
+                    ))
+                })?,
+        ),
+    }
     loop {
         match py.detach(|| rx.recv_timeout(POLL)) {
             Ok(value) => return Ok(value),

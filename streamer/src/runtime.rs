@@ -28,6 +28,14 @@ pub(crate) fn hold_runtime() -> RuntimeHold {
     RuntimeHold(RUNTIME.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
+/// This process's runtime if it has started already: never starts one (nor its threads).
+pub fn started_runtime() -> Option<Arc<Runtime>> {
+    let slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    slot.as_ref()
+        .filter(|(owner, _)| *owner == std::process::id())
+        .map(|(_, rt)| Arc::clone(rt))
+}
+
 /// This process's runtime (two worker threads: the I/O is asynchronous, and reading, decoding
 /// and file writes run on its blocking threads or the caller's, except a download's writes to
 /// the page cache, which run on the worker while they are fast; see `dataset::fetch`), made on

@@ -290,6 +290,31 @@ impl Cache {
         self.start(spec, false)
     }
 
+    /// The fast path of [`Cache::begin`] alone: a lease when the shard is cached and checked,
+    /// `None` otherwise (the caller then begins, fetching or waiting as needed). Takes no fetch
+    /// lock, so it never makes the caller a fetcher and never waits for one.
+    pub fn lookup(&self, spec: &ShardSpec) -> Result<Option<ShardLease>> {
+        let inner = &self.inner;
+        inner.check_process()?;
+        spec.validate()?;
+        let layout = &inner.layout;
+        let id = KeyId::of(&spec.key);
+        let check = Check {
+            layout,
+            spec,
+            id: &id,
+            mode: inner.config.verify,
+            generation: inner.generation,
+            exclusive: false,
+            metrics: &inner.metrics,
+        };
+        let pin = inner.lock(&layout.pin_lock(&id), Mode::Shared)?;
+        Ok(match inspect(&check)? {
+            Found::Valid => Some(self.hit(&id, spec, pin)),
+            _ => None,
+        })
+    }
+
     /// Whether `key`'s data file is in the folder now: one `stat`, no lock and no check (an
     /// acquire still checks it). For callers that only want to skip work for a cached shard.
     pub(crate) fn holds(&self, key: &str) -> bool {

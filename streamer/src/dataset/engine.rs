@@ -386,6 +386,44 @@ async fn try_open(
     blocking(move || ShardHandle::open(shard, name, lease, columns, samples, first)).await
 }
 
+/// Opens `shard` on the calling thread when that needs neither the network nor another fetch:
+/// read in place, or complete in the node's cache. `None` when it does, or on any error: the
+/// caller then goes through [`open_shard`], which retries, fetches and names errors. For random
+/// access, where the runtime's thread hops of [`open_shard`] cost more than the open itself
+/// (about 150 µs against 20).
+pub(crate) fn open_now(ds: &Inner, ps: &ProcState, shard: usize) -> Option<ShardHandle> {
+    let src = ds.shards.get(shard)?;
+    if ps.joinable(shard).is_some() {
+        return None;
+    }
+    let in_place = |path: &Path, size: u64, hash: &Option<ExpectedHash>| {
+        let verified = ds
+            .verified_local
+            .lock()
+            .map(|set| set.contains(path))
+            .unwrap_or(false);
+        if hash.is_some() && !verified {
+            return None; // the first read of a file checks its hash: the full path does it
+        }
+        ps.cache.acquire_local(path, size, None).ok()
+    };
+    let lease = match (&src.local_raw, src.algorithm, &src.local_stored) {
+        (Some(path), _, _) => in_place(path, src.raw_size, &src.raw_hash)?,
+        (None, None, Some(path)) => in_place(path, src.stored_size, &src.stored_hash)?,
+        (None, None, None) => ps.cache.lookup(&stored_spec(src)).ok()??,
+        (None, Some(_), _) => {
+            let spec = ShardSpec {
+                key: format!("{}#raw", src.name),
+                size: src.raw_size,
+                hash: src.raw_hash.clone(),
+            };
+            ps.cache.lookup(&spec).ok()??
+        }
+    };
+    let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
+    ShardHandle::open(shard, name, lease, columns, src.samples, src.first_sample).ok()
+}
+
 /// How long a process that finds a shard's fetch lock taken looks for the fetcher's progress
 /// record before it waits for the commit instead (a fetcher that does not share its progress:
 /// one checking a hash, or one waiting for disk space).

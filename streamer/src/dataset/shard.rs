@@ -240,6 +240,11 @@ impl ShardHandle {
         }
     }
 
+    /// Whether the file is a local source read where it is (it takes no room in the cache).
+    pub(crate) fn in_place(&self) -> bool {
+        matches!(&self.inner.pin, Some(Pin::Lease(l)) if l.origin() == crate::cache::LeaseOrigin::InPlace)
+    }
+
     /// Whether every byte of the shard is on disk (false while it downloads).
     pub fn is_complete(&self) -> bool {
         self.inner.growing.as_ref().is_none_or(Growing::is_done)
