@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::child::{self, ChildSpec};
 use common::outage::StallProxy;
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use common::{check_sample, moto_with, node_config, runtime, s3_location, write_dataset, Spec};
 use shardstream_storage::testing::GateStore;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
@@ -28,12 +28,8 @@ const SAMPLES: u64 = 1000;
 
 fn config(cache: &Path) -> StreamingConfig {
     StreamingConfig {
-        remote: "s3://bucket/ds".into(),
-        cache_root: Some(cache.to_path_buf()),
-        run_id: Some("run".into()),
-        node_rank: Some(0),
         memory_limit: Some(4 << 20),
-        ..StreamingConfig::default()
+        ..node_config(cache)
     }
 }
 

@@ -6,20 +6,8 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
-use shardstream_streamer::{StreamingConfig, StreamingDataset};
-
-fn config(cache: &Path) -> StreamingConfig {
-    StreamingConfig {
-        remote: "s3://bucket/ds".into(),
-        cache_root: Some(cache.to_path_buf()),
-        run_id: Some("run".into()),
-        node_rank: Some(0),
-        ..StreamingConfig::default()
-    }
-}
+use common::{check_sample, moto_with, node_config, runtime, s3_location, write_dataset, Spec};
+use shardstream_streamer::StreamingDataset;
 
 #[test]
 fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
@@ -30,7 +18,7 @@ fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
     write_dataset(data.path(), &spec);
     let server = moto_with(data.path(), &rt);
     let location = s3_location(&server.endpoint(), "ds");
-    let ds = StreamingDataset::open_at(config(cache.path()), location.clone()).unwrap();
+    let ds = StreamingDataset::open_at(node_config(cache.path()), location.clone()).unwrap();
     let (first_of_3, _) = (0..300u64)
         .map(|i| (i, ds.shard_of(i).unwrap().0))
         .find(|&(_, s)| s == 3)
@@ -61,7 +49,7 @@ fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
     // Another dataset object on the same node cache: shard 0 is complete there, so once its
     // engine runs, `sample_now` opens it on the calling thread (a cache hit, no request).
     drop(ds);
-    let again = StreamingDataset::open_at(config(cache.path()), location).unwrap();
+    let again = StreamingDataset::open_at(node_config(cache.path()), location).unwrap();
     let s = again.sample(first_of_3 + 1).unwrap(); // starts the engine (shard 3: a hit)
     check_sample(first_of_3 + 1, &s.decode().unwrap(), spec.sample_bytes);
     let s = again.sample_now(2).expect("a shard complete in the cache");

@@ -297,18 +297,9 @@ impl Cache {
         let inner = &self.inner;
         inner.check_process()?;
         spec.validate()?;
-        let layout = &inner.layout;
         let id = KeyId::of(&spec.key);
-        let check = Check {
-            layout,
-            spec,
-            id: &id,
-            mode: inner.config.verify,
-            generation: inner.generation,
-            exclusive: false,
-            metrics: &inner.metrics,
-        };
-        let pin = inner.lock(&layout.pin_lock(&id), Mode::Shared)?;
+        let check = inner.shared_check(spec, &id);
+        let pin = inner.lock(&inner.layout.pin_lock(&id), Mode::Shared)?;
         Ok(match inspect(&check)? {
             Found::Valid => Some(self.hit(&id, spec, pin)),
             _ => None,
@@ -348,15 +339,7 @@ impl Cache {
         let layout = &inner.layout;
         let id = KeyId::of(&spec.key);
         let pin_path = layout.pin_lock(&id);
-        let mut check = Check {
-            layout,
-            spec,
-            id: &id,
-            mode: inner.config.verify,
-            generation: inner.generation,
-            exclusive: false,
-            metrics: &inner.metrics,
-        };
+        let mut check = inner.shared_check(spec, &id);
 
         // Fast path: pin, then look. Pinning first means no evictor can delete the file
         // between our check and our read.
@@ -448,6 +431,19 @@ impl Cache {
 }
 
 impl Inner {
+    /// A check of `spec`'s cached copy by a caller without the fetch lock.
+    fn shared_check<'a>(&'a self, spec: &'a ShardSpec, id: &'a KeyId) -> Check<'a> {
+        Check {
+            layout: &self.layout,
+            spec,
+            id,
+            mode: self.config.verify,
+            generation: self.generation,
+            exclusive: false,
+            metrics: &self.metrics,
+        }
+    }
+
     fn check_process(&self) -> Result<()> {
         let current = std::process::id();
         if current != self.pid {

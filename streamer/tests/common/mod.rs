@@ -17,7 +17,7 @@ use shardstream_sharding::{Sample, Value};
 use shardstream_storage::testing::{options_for, test_env, MotoServer};
 use shardstream_storage::Location;
 use shardstream_streamer::order::{OrderConfig, Rank, World};
-use shardstream_streamer::{StreamPlan, StreamingDataset};
+use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 
 /// The bytes of sample `id`'s `data` column: pseudo-random (incompressible), so a sample read
 /// from the wrong place is caught and compression cannot shrink a "large" shard.
@@ -134,6 +134,17 @@ pub fn s3_location(endpoint: &str, prefix: &str) -> Location {
         &test_env(),
     )
     .unwrap()
+}
+
+/// A dataset of `s3://bucket/ds` cached for node 0 of run `run` under `cache`.
+pub fn node_config(cache: &Path) -> StreamingConfig {
+    StreamingConfig {
+        remote: "s3://bucket/ds".into(),
+        cache_root: Some(cache.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        ..StreamingConfig::default()
+    }
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -95,19 +96,7 @@ impl StallProxy {
     pub async fn start(upstream: SocketAddr, limit: u64) -> StallProxy {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => {
-                        if let Ok((client, _)) = accepted {
-                            connections.spawn(stall(client, upstream, limit));
-                        }
-                    }
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                }
-            }
-        });
+        let task = accept_each(listener, move |client| stall(client, upstream, limit));
         StallProxy { addr, task }
     }
 
@@ -122,16 +111,48 @@ impl Drop for StallProxy {
     }
 }
 
-async fn stall(client: TcpStream, upstream: SocketAddr, limit: u64) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(server) = TcpStream::connect(upstream).await else {
-        return;
-    };
-    let (mut client_rd, mut client_wr) = client.into_split();
-    let (mut server_rd, mut server_wr) = server.into_split();
+/// Connects `client` to `upstream` with the request side forwarded by a task of its own;
+/// returns the response side (the server's read half, the client's write half) and that task.
+async fn forward_requests(
+    client: TcpStream,
+    upstream: SocketAddr,
+) -> Option<(OwnedReadHalf, OwnedWriteHalf, JoinHandle<()>)> {
+    let server = TcpStream::connect(upstream).await.ok()?;
+    let (mut client_rd, client_wr) = client.into_split();
+    let (server_rd, mut server_wr) = server.into_split();
     let up = tokio::spawn(async move {
         let _ = tokio::io::copy(&mut client_rd, &mut server_wr).await;
     });
+    Some((server_rd, client_wr, up))
+}
+
+/// Serves each connection `listener` accepts with `serve`, until the returned task is aborted
+/// (which aborts the connections too).
+fn accept_each<F, Fut>(listener: TcpListener, serve: F) -> JoinHandle<()>
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    if let Ok((client, _)) = accepted {
+                        connections.spawn(serve(client));
+                    }
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+    })
+}
+
+async fn stall(client: TcpStream, upstream: SocketAddr, limit: u64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((mut server_rd, mut client_wr, up)) = forward_requests(client, upstream).await else {
+        return;
+    };
     let mut left = limit;
     let mut buf = vec![0u8; 64 << 10];
     while left > 0 {
@@ -171,18 +192,8 @@ impl CutProxy {
         let addr = listener.local_addr().unwrap();
         let armed = Arc::new(Mutex::new(None));
         let shared = Arc::clone(&armed);
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => {
-                        if let Ok((client, _)) = accepted {
-                            connections.spawn(cut(client, upstream, Arc::clone(&shared)));
-                        }
-                    }
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                }
-            }
+        let task = accept_each(listener, move |client| {
+            cut(client, upstream, Arc::clone(&shared))
         });
         CutProxy { addr, armed, task }
     }
@@ -217,14 +228,9 @@ impl Drop for CutProxy {
 
 async fn cut(client: TcpStream, upstream: SocketAddr, armed: Arc<Mutex<Option<Cut>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    let Some((mut server_rd, mut client_wr, up)) = forward_requests(client, upstream).await else {
         return;
     };
-    let (mut client_rd, mut client_wr) = client.into_split();
-    let (mut server_rd, mut server_wr) = server.into_split();
-    let up = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_rd, &mut server_wr).await;
-    });
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match server_rd.read(&mut buf).await {
