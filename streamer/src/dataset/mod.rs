@@ -482,10 +482,11 @@ impl StreamingDataset {
             None => {
                 // This may fetch, and so need cache space: this process's kept pins go first.
                 self.inner.forget_recent(None);
-                self.shard(shard)?
+                let h = self.shard(shard)?;
+                self.inner.keep_recent(h.clone());
+                h
             }
         };
-        self.inner.keep_recent(handle.clone());
         handle.sample(i)
     }
 
@@ -497,11 +498,7 @@ impl StreamingDataset {
         let (shard, i) = self.shard_of(index)?;
         let handle = match self.inner.recent_shard(shard) {
             Some(h) => h,
-            None => {
-                let h = self.open_now(shard)?;
-                self.inner.keep_recent(h.clone());
-                h
-            }
+            None => self.open_now(shard)?,
         };
         let range = handle.sample_range(i).ok()?;
         if handle.readable() < range.end {
@@ -515,10 +512,13 @@ impl StreamingDataset {
     }
 
     /// [`engine::open_now`] in this process's engine, if it has started (starting one opens
-    /// the cache folder, which may wait for another process's recovery of it).
+    /// the cache folder, which may wait for another process's recovery of it); the handle is
+    /// kept for the next calls.
     fn open_now(&self, shard: usize) -> Option<ShardHandle> {
         let ps = self.inner.proc.peek()?;
-        engine::open_now(&self.inner, &ps, shard)
+        let handle = engine::open_now(&self.inner, &ps, shard)?;
+        self.inner.keep_recent(handle.clone());
+        Some(handle)
     }
 
     /// A prefetching iterator over one rank's part of an epoch. Lets go of the shards random
