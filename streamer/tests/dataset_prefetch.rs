@@ -196,9 +196,11 @@ fn a_prefetch_stays_within_the_disk_allowance_and_a_cancelled_one_starts_nothing
 
 #[test]
 fn the_first_shard_has_the_link_alone_only_until_it_is_open() {
-    // Shards of ~256 KiB behind a proxy that passes each connection's first 160 KiB of response
+    // Shards of ~256 KiB behind a proxy that passes each connection's first 96 KiB of response
     // and then stalls: the first shard opens (its first write comes after 64 KiB) but never
     // completes. Had it kept the link until committed, no other download would ever start.
+    // The last shard is smaller (~133 KiB): the limit must stay below it, or that download
+    // completes and leaves the folder before all of them can be seen at once.
     let rt = runtime();
     let data = tempfile::tempdir().unwrap();
     write_dataset(
@@ -209,7 +211,16 @@ fn the_first_shard_has_the_link_alone_only_until_it_is_open() {
         },
     );
     let server = moto_with(data.path(), &rt);
-    let proxy = rt.block_on(StallProxy::start(server.addr(), 160 << 10));
+    const PASSED: u64 = 96 << 10;
+    let smallest = std::fs::read_dir(data.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".mds"))
+        .map(|e| e.metadata().unwrap().len())
+        .min()
+        .unwrap();
+    assert!(smallest > PASSED, "a {smallest}-byte shard would complete");
+    let proxy = rt.block_on(StallProxy::start(server.addr(), PASSED));
     let cache = tempfile::tempdir().unwrap();
     let ds = StreamingDataset::open_at(
         config(cache.path(), None),
@@ -234,12 +245,18 @@ fn the_first_shard_has_the_link_alone_only_until_it_is_open() {
                 .count()
         })
     };
-    while in_flight() < prefetch.shards().len() {
+    let mut most = 0;
+    while most < prefetch.shards().len() {
+        most = most.max(in_flight());
         assert!(
             started.elapsed() < Duration::from_secs(30),
-            "only {} of the {} downloads started while the first one was open",
+            "at most {most} of the {} downloads ran at once while the first one was open \
+             ({} now; prefetch {:?}; {:?}; temp files {:?})",
+            prefetch.shards().len(),
             in_flight(),
-            prefetch.shards().len()
+            prefetch.report(),
+            ds.metrics(),
+            std::fs::read_dir(&tmp).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
         );
         std::thread::sleep(Duration::from_millis(10));
     }

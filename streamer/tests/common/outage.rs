@@ -158,11 +158,19 @@ async fn stall(client: TcpStream, upstream: SocketAddr, limit: u64) {
     while left > 0 {
         let want = buf.len().min(left as usize);
         let n = match server_rd.read(&mut buf[..want]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+            Ok(n) if n > 0 => n,
+            // The server closed the connection (moto closes some after their response): pass
+            // that on. Held open, it would look idle and alive to the client's pool, and the
+            // next request sent on it would wait out the stall timeout (30 s) for no reply.
+            _ => {
+                let _ = client_wr.shutdown().await;
+                up.abort();
+                return;
+            }
         };
         if client_wr.write_all(&buf[..n]).await.is_err() {
-            break;
+            up.abort();
+            return;
         }
         left -= n as u64;
     }
