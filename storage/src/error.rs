@@ -95,6 +95,19 @@ pub enum StorageError {
         #[source]
         source: object_store::Error,
     },
+    /// The server refused the request with a 4xx status that no retry changes (a bad request,
+    /// a range past the object's end, a method not allowed): not retried, not transient.
+    /// 404, 412, 401 and 403 have variants of their own; 408 and 429 are transient.
+    #[error("the storage server refused the request for {url} (HTTP {status}): {source}")]
+    Rejected {
+        /// Full URL of the object.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
     /// Any other backend failure (5xx after retries, protocol errors, unsupported operations).
     #[error("storage request failed for {url}: {source}")]
     Backend {
@@ -137,10 +150,15 @@ impl StorageError {
             object_store::Error::Precondition { .. } => Self::Changed { url },
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => Self::PermissionDenied { url, source },
-            other => match http_error_kind(&other) {
-                Some(HttpErrorKind::Timeout) => Self::Timeout { url, source: other },
-                Some(HttpErrorKind::Connect) => Self::Unreachable { url, source: other },
-                _ => Self::Backend { url, source: other },
+            other => match (refused_status(&other), http_error_kind(&other)) {
+                (Some(status), _) => Self::Rejected {
+                    url,
+                    status,
+                    source: other,
+                },
+                (None, Some(HttpErrorKind::Timeout)) => Self::Timeout { url, source: other },
+                (None, Some(HttpErrorKind::Connect)) => Self::Unreachable { url, source: other },
+                (None, _) => Self::Backend { url, source: other },
             },
         }
     }
@@ -160,6 +178,33 @@ impl StorageError {
             Self::Timeout { .. } | Self::Unreachable { .. } | Self::Backend { .. }
         )
     }
+}
+
+/// How `object_store` words a response with an error status (its `RequestError::Status`, which
+/// it does not export): the status code follows.
+const STATUS_PREFIX: &str = "Server returned non-2xx status code: ";
+
+/// The status of a 4xx response that retrying cannot change, found in the error's source chain
+/// (`None` for 408 Request Timeout and 429 Too Many Requests, which a later try may pass).
+///
+/// `object_store` keeps its retry error type private, so the status is read from the message
+/// it is documented to print; `tests/faults.rs` pins that wording against a real client.
+fn refused_status(err: &object_store::Error) -> Option<u16> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if let Some(at) = text.find(STATUS_PREFIX) {
+            let status: u16 = text
+                .get(at + STATUS_PREFIX.len()..)?
+                .get(..3)?
+                .parse()
+                .ok()?;
+            return ((400..500).contains(&status) && status != 408 && status != 429)
+                .then_some(status);
+        }
+        current = e.source();
+    }
+    None
 }
 
 /// Finds the transport error kind anywhere in the error's source chain.
@@ -184,6 +229,42 @@ fn http_error_kind(err: &object_store::Error) -> Option<HttpErrorKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status_error(status: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: format!(
+                "Error performing GET http://127.0.0.1/b/k in 2ms - {STATUS_PREFIX}{status}: <Error/>"
+            )
+            .into(),
+        }
+    }
+
+    #[test]
+    fn a_4xx_status_is_refused_and_not_transient() {
+        for (status, code) in [("400 Bad Request", 400), ("416 Range Not Satisfiable", 416)] {
+            let err = StorageError::from_backend("s3://b/k", status_error(status));
+            assert!(
+                matches!(&err, StorageError::Rejected { url, status, .. } if url == "s3://b/k" && *status == code),
+                "{err:?}"
+            );
+            assert!(!err.is_transient());
+            assert!(err.to_string().contains(&format!("HTTP {code}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn throttling_timeouts_and_5xx_stay_transient() {
+        for status in [
+            "429 Too Many Requests",
+            "408 Request Timeout",
+            "503 Service Unavailable",
+        ] {
+            let err = StorageError::from_backend("s3://b/k", status_error(status));
+            assert!(matches!(err, StorageError::Backend { .. }), "{err:?}");
+            assert!(err.is_transient());
+        }
+    }
 
     #[test]
     fn not_found_keeps_the_url() {

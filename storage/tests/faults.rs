@@ -1,5 +1,6 @@
 //! Transport faults below the HTTP client, where `object_store`'s retries and timeouts act:
-//! throttling (503 SlowDown), a dead endpoint, a hung server, and a slow but live link.
+//! throttling (503 SlowDown), requests the server refuses (4xx), a dead endpoint, a hung server,
+//! and a slow but live link.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -61,6 +62,46 @@ async fn endless_slow_down_gives_up_after_max_retries() {
     assert!(err.to_string().contains("503"), "{err}");
     assert_eq!(proxy.failed(), 4, "one attempt and three retries");
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_fails_at_once_naming_its_status() {
+    let moto = moto_with_bucket().await;
+    let loc = open(&moto.endpoint(), |o| o);
+    loc.put("k", Bytes::from_static(b"payload")).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let reader = open(&proxy.endpoint(), |o| o.with_retry(retries(5)));
+    // A 416 is followed by one HEAD (an empty object answers 416 to any range), never retried.
+    for (status, requests) in [(400u16, 1), (416, 2)] {
+        proxy.fail_next_with(usize::MAX, status);
+        let before = proxy.failed();
+        let err = reader.get("k").await.unwrap_err();
+        // Also pins the wording of object_store's status errors, which `Rejected` relies on.
+        assert!(
+            matches!(&err, StorageError::Rejected { status: s, url, .. }
+                if *s == status && url.ends_with("root/k")),
+            "{err:?}"
+        );
+        assert!(!err.is_transient(), "{err}");
+        assert!(err.to_string().contains(&format!("HTTP {status}")), "{err}");
+        assert_eq!(
+            proxy.failed() - before,
+            requests,
+            "a {status} is not retried"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_requests_is_retried_and_stays_transient() {
+    let moto = moto_with_bucket().await;
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    proxy.fail_next_with(usize::MAX, 429);
+    let loc = open(&proxy.endpoint(), |o| o.with_retry(retries(2)));
+    let err = loc.get("k").await.unwrap_err();
+    assert!(matches!(err, StorageError::Backend { .. }), "{err:?}");
+    assert!(err.is_transient());
+    assert_eq!(proxy.failed(), 3, "one attempt and two retries");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! Faults and limits against a real moto S3 server: the server goes down for 10 s mid-epoch and
-//! comes back; a shard is damaged on the server; the disk limit is sampled during a run that
-//! must evict; a limit smaller than the order needs fails at start.
+//! comes back; a shard is damaged on the server; the server refuses a shard's request (4xx);
+//! the disk limit is sampled during a run that must evict; a limit smaller than the order needs
+//! fails at start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::outage::{CutProxy, SwitchProxy};
 use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
-use shardstream_storage::testing::MotoServer;
+use shardstream_storage::testing::{FaultProxy, MotoServer};
 use shardstream_storage::Location;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
@@ -230,6 +231,42 @@ fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
         .unwrap()
         .next()
         .is_none());
+}
+
+#[test]
+fn a_shard_request_the_server_refuses_fails_at_once_naming_it() {
+    // A 4xx that no retry changes (here 400) used to count as an outage: retried for the whole
+    // window, then reported as transient.
+    let served = served(&Spec::small(300));
+    let proxy = served
+        .rt
+        .block_on(FaultProxy::start(served.server.addr()))
+        .unwrap();
+    let ds = StreamingDataset::open_at(
+        config(served.cache.path(), None),
+        s3_location(&proxy.endpoint(), "ds"),
+    )
+    .unwrap();
+    let window = Duration::from_secs(60);
+    ds.set_retry_window(window);
+    assert!(ds.shard(0).is_ok());
+    proxy.fail_next_with(usize::MAX, 400);
+    let started = Instant::now();
+    let err = ds.shard(1).unwrap_err();
+    let took = started.elapsed();
+    let text = err.to_string();
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(text.contains("s3://bucket/ds/shard.00001.mds"), "{text}");
+    assert!(text.contains("HTTP 400"), "{text}");
+    assert!(took < window / 4, "took {took:?}");
+    assert_eq!(ds.metrics().fetch_retries, 0, "{:?}", ds.metrics());
+    assert!(std::fs::read_dir(ds.cache_dir().join("tmp"))
+        .unwrap()
+        .next()
+        .is_none());
+    // Nothing of the refusal stays: once the server answers again, the shard opens.
+    proxy.fail_next(0);
+    assert!(ds.shard(1).is_ok());
 }
 
 /// Replaces a shard on the server while its download is cut mid-body, so the download's

@@ -1,7 +1,8 @@
 //! Processes of one node share a shard's download while it arrives, against a real moto S3
 //! server. The first process to miss a shard downloads it; another that wants the same shard
 //! reads the bytes already written to the download's temp file instead of waiting for the
-//! commit, and finishes the download itself if the first process dies. Stalled servers make
+//! commit, and finishes the download itself if the first process dies (of the same version of
+//! the object: one replaced in between is an error, not a mix). Stalled servers make
 //! every step a condition, not a timing: the joiner's first samples must arrive while the
 //! writer's body is held back, and without a request of its own.
 
@@ -16,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use common::child::{self, ChildSpec};
 use common::outage::StallProxy;
-use common::{check_sample, moto_with, node_config, runtime, s3_location, write_dataset, Spec};
+use common::{
+    check_sample, moto_with, node_config, payload, runtime, s3_location, write_dataset, Spec,
+};
+use shardstream_sharding::Value;
 use shardstream_storage::testing::GateStore;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamedSample, StreamingConfig, StreamingDataset};
@@ -140,20 +144,26 @@ fn a_second_process_reads_a_download_while_it_arrives() {
     );
 }
 
-#[test]
-fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() {
-    if child::run_child() {
-        return;
-    }
+/// A child process part-way through the download of the dataset's one shard, alive and holding
+/// its fetch lock: every connection of its stalls after 2 MiB of response.
+struct StalledWriter {
+    writer: std::process::Child,
+    proxy: StallProxy,
+    server: shardstream_storage::testing::MotoServer,
+    cache: tempfile::TempDir,
+    data: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+/// Starts a [`StalledWriter`] as the child of test `test`; returns once it has written part of
+/// the shard.
+fn stalled_writer(test: &str) -> StalledWriter {
     let rt = runtime();
     let data = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     write_dataset(data.path(), &one_shard());
     let server = moto_with(data.path(), &rt);
-    // The child's every connection stalls after 2 MiB of response: its download of the 8 MiB
-    // shard stops part-way, its process alive and holding the fetch lock.
     let proxy = rt.block_on(StallProxy::start(server.addr(), 2 << 20));
-    let out = data.path().join("child.json");
     let spec = ChildSpec {
         endpoint: proxy.endpoint(),
         prefix: "ds".into(),
@@ -164,12 +174,9 @@ fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() 
         cache_limit: None,
         shuffle: false,
         sample_bytes: SAMPLE_BYTES,
-        out,
+        out: data.path().join("child.json"),
     };
-    let mut writer = child::spawn(
-        "a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it",
-        &spec,
-    );
+    let mut writer = child::spawn(test, &spec);
     // Wait until the child has written part of the shard (its temp file is the only file in
     // tmp/, and grows past its first write).
     let tmp = cache.path().join("run").join("0").join("tmp");
@@ -190,10 +197,29 @@ fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() 
         assert!(started.elapsed() < DEADLINE, "the child never started");
         std::thread::sleep(Duration::from_millis(5));
     }
+    StalledWriter {
+        writer,
+        proxy,
+        server,
+        cache,
+        data,
+        rt,
+    }
+}
 
-    let joiner =
-        StreamingDataset::open_at(config(cache.path()), s3_location(&server.endpoint(), "ds"))
-            .unwrap();
+#[test]
+fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() {
+    if child::run_child() {
+        return;
+    }
+    let mut w = stalled_writer(
+        "a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it",
+    );
+    let joiner = StreamingDataset::open_at(
+        config(w.cache.path()),
+        s3_location(&w.server.endpoint(), "ds"),
+    )
+    .unwrap();
     let rx = consume(joiner.clone());
     let mut got = take(
         &rx,
@@ -203,8 +229,8 @@ fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() 
     assert_eq!(joiner.metrics().shards_joined, 1);
     assert_eq!(joiner.metrics().fetch_requests, 0);
 
-    writer.kill().unwrap();
-    writer.wait().unwrap();
+    w.writer.kill().unwrap();
+    w.writer.wait().unwrap();
     got.extend(take(
         &rx,
         900,
@@ -220,5 +246,75 @@ fn a_download_abandoned_by_a_killed_process_is_finished_by_the_one_reading_it() 
         m.fetch_bytes
     );
     assert_eq!(m.fetch_retries, 1);
-    drop(proxy);
+    drop(w.proxy);
+}
+
+#[test]
+fn an_abandoned_download_of_a_since_replaced_object_is_an_error_not_a_mix() {
+    if child::run_child() {
+        return;
+    }
+    let mut w =
+        stalled_writer("an_abandoned_download_of_a_since_replaced_object_is_an_error_not_a_mix");
+    let joiner = StreamingDataset::open_at(
+        config(w.cache.path()),
+        s3_location(&w.server.endpoint(), "ds"),
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    {
+        let joiner = joiner.clone();
+        std::thread::spawn(move || {
+            for item in joiner.stream(in_order()).unwrap() {
+                let failed = item.is_err();
+                if tx.send(item.map_err(|e| e.to_string())).is_err() || failed {
+                    return;
+                }
+            }
+        });
+    }
+    let recv = |why: &str| rx.recv_timeout(DEADLINE).expect(why);
+    for i in 0..100 {
+        let item = recv("a second process did not read the download while it arrived").unwrap();
+        assert_eq!(item.index, i);
+    }
+    // The object is replaced by one of the same size whose last sample differs (the writer
+    // got 2 MiB of the old one, so the rest must come from the server), then the writer dies.
+    let name = "shard.00000.mds";
+    let mut bytes = std::fs::read(w.data.path().join(name)).unwrap();
+    let near_end = bytes.len() - 100;
+    bytes[near_end] ^= 0x5a;
+    let location = s3_location(&w.server.endpoint(), "ds");
+    w.rt.block_on(location.put(name, bytes.into())).unwrap();
+    w.writer.kill().unwrap();
+    w.writer.wait().unwrap();
+    // Reading on gives the old version's samples while they last, then an error naming the
+    // shard: before, the rest came from the new object and the last sample was the new one's.
+    let err = loop {
+        match recv("the joiner neither finished nor failed") {
+            Ok(item) => check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.contains("changed"), "{err}");
+    assert!(err.contains(name), "{err}");
+    // The next open fetches the new version whole: every sample but the changed last one is
+    // as before.
+    let fresh = StreamingDataset::open_at(config(w.cache.path()), location).unwrap();
+    let got: Vec<StreamedSample> = fresh
+        .stream(in_order())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(got.len() as u64, SAMPLES);
+    let (last, rest) = got.split_last().unwrap();
+    for item in rest {
+        check_sample(item.index, &item.sample.decode().unwrap(), SAMPLE_BYTES);
+    }
+    let data = last.sample.decode().unwrap().get("data").cloned();
+    assert!(
+        data != Some(Value::Bytes(payload(SAMPLES - 1, SAMPLE_BYTES))),
+        "the last sample is the old object's"
+    );
+    drop(w.proxy);
 }

@@ -1,16 +1,16 @@
 //! [`FaultProxy`]: a TCP proxy on loopback that injects faults below the HTTP client.
 //!
 //! Decorators cannot exercise `object_store`'s own retry loop, which runs inside its HTTP
-//! client. This proxy can: it answers `503 Slow Down` (S3's throttling reply) to the next N
-//! connections, or accepts connections and never answers (a hung server), and otherwise
-//! forwards bytes to the real server.
+//! client. This proxy can: it answers `503 Slow Down` (S3's throttling reply), or another error
+//! status, to the next N connections, or accepts connections and never answers (a hung server),
+//! and otherwise forwards bytes to the real server.
 //!
 //! Faults are decided per *connection*: a faulty reply closes its connection, so every
 //! retry arrives on a new one; a connection already forwarding keeps forwarding. Arm the
 //! faults before the client under test connects.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +20,17 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::error::{Result, StorageError};
 
-const SLOW_DOWN_BODY: &str =
-    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
-<Message>Please reduce your request rate.</Message></Error>";
+/// The status line and S3 error code of a fault reply with `status`.
+fn fault_reply(status: u16) -> (&'static str, &'static str) {
+    match status {
+        400 => ("Bad Request", "InvalidRequest"),
+        403 => ("Forbidden", "AccessDenied"),
+        416 => ("Requested Range Not Satisfiable", "InvalidRange"),
+        429 => ("Too Many Requests", "TooManyRequests"),
+        500 => ("Internal Server Error", "InternalError"),
+        _ => ("Slow Down", "SlowDown"),
+    }
+}
 
 /// Largest request head the proxy reads before answering a fault.
 const MAX_HEAD: usize = 64 * 1024;
@@ -31,6 +39,7 @@ const MAX_HEAD: usize = 64 * 1024;
 struct State {
     upstream: SocketAddr,
     fail_next: AtomicUsize,
+    fail_status: AtomicU16,
     failed: AtomicUsize,
     blackhole: AtomicBool,
     bytes_per_sec: AtomicU64,
@@ -64,6 +73,7 @@ impl FaultProxy {
         let state = Arc::new(State {
             upstream,
             fail_next: AtomicUsize::new(0),
+            fail_status: AtomicU16::new(503),
             failed: AtomicUsize::new(0),
             blackhole: AtomicBool::new(false),
             bytes_per_sec: AtomicU64::new(0),
@@ -84,6 +94,13 @@ impl FaultProxy {
 
     /// Answers `503 Slow Down` to the next `n` connections.
     pub fn fail_next(&self, n: usize) {
+        self.fail_next_with(n, 503);
+    }
+
+    /// Answers `status` (400, 403, 416, 429, 500 or 503, with S3's error code for it) to the
+    /// next `n` connections.
+    pub fn fail_next_with(&self, n: usize, status: u16) {
+        self.state.fail_status.store(status, Ordering::SeqCst);
         self.state.fail_next.store(n, Ordering::SeqCst);
     }
 
@@ -100,7 +117,7 @@ impl FaultProxy {
             .store(bytes_per_sec, Ordering::SeqCst);
     }
 
-    /// How many requests got a `503` so far.
+    /// How many requests got a fault reply so far.
     pub fn failed(&self) -> usize {
         self.state.failed.load(Ordering::SeqCst)
     }
@@ -142,10 +159,16 @@ async fn handle(mut client: TcpStream, state: Arc<State>) {
     if state.take_failure() {
         if read_request(&mut client).await.is_ok() {
             state.failed.fetch_add(1, Ordering::SeqCst);
+            let status = state.fail_status.load(Ordering::SeqCst);
+            let (reason, code) = fault_reply(status);
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+                 <Message>Injected by the test proxy.</Message></Error>"
+            );
             let reply = format!(
-                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{SLOW_DOWN_BODY}",
-                SLOW_DOWN_BODY.len()
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
             );
             let _ = client.write_all(reply.as_bytes()).await;
             let _ = client.shutdown().await;

@@ -18,6 +18,12 @@ use std::fs::File;
 use std::io;
 
 const NAME: &str = "user.shardstream.progress";
+/// The version (ETag) of the object the temp file's bytes come from, set before the first of
+/// them is written: a process that finishes a download whose writer died asks for the rest of
+/// that version only (`If-Match`), never a newer object's bytes after the old ones.
+const VERSION: &str = "user.shardstream.version";
+/// Longest version kept (S3 ETags are 34 bytes, multipart ones a few more).
+const VERSION_MAX: usize = 1024;
 
 /// Sets the shared prefix of a temp file: its first `prefix` bytes are written.
 pub(crate) fn write(file: &File, prefix: u64) -> io::Result<()> {
@@ -36,6 +42,37 @@ pub(crate) fn read(file: &File) -> io::Result<Option<u64>> {
     match rustix::fs::fgetxattr(file, NAME, &mut value[..]) {
         Ok(8) => Ok(Some(u64::from_le_bytes(value))),
         Ok(_) => Ok(None),
+        Err(e) if e == rustix::io::Errno::NODATA || e == rustix::io::Errno::NOTSUP => Ok(None),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Records the version (ETag) of the object a temp file is a download of.
+pub(crate) fn write_version(file: &File, version: &str) -> io::Result<()> {
+    if version.len() > VERSION_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "object version too long to record",
+        ));
+    }
+    rustix::fs::fsetxattr(
+        file,
+        VERSION,
+        version.as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+/// The version a temp file's writer recorded: `None` if it recorded none (it died before its
+/// first response, or the file system keeps no user attributes).
+pub(crate) fn read_version(file: &File) -> io::Result<Option<String>> {
+    let mut value = [0u8; VERSION_MAX];
+    match rustix::fs::fgetxattr(file, VERSION, &mut value[..]) {
+        Ok(n) => Ok(value
+            .get(..n)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_string)),
         Err(e) if e == rustix::io::Errno::NODATA || e == rustix::io::Errno::NOTSUP => Ok(None),
         Err(e) => Err(io::Error::from(e)),
     }
@@ -69,5 +106,22 @@ mod tests {
         std::fs::rename(&path, dir.path().join("u")).unwrap();
         write(&file, 100).unwrap();
         assert_eq!(read(&other).unwrap(), Some(100));
+    }
+
+    #[test]
+    fn the_version_round_trips_beside_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let file = File::create(&path).unwrap();
+        assert_eq!(read_version(&file).unwrap(), None);
+        write_version(&file, "\"0123abcd\"").unwrap();
+        write(&file, 7).unwrap();
+        let other = File::open(&path).unwrap();
+        assert_eq!(
+            read_version(&other).unwrap().as_deref(),
+            Some("\"0123abcd\"")
+        );
+        assert_eq!(read(&other).unwrap(), Some(7));
+        assert!(write_version(&file, &"x".repeat(VERSION_MAX + 1)).is_err());
     }
 }

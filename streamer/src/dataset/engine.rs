@@ -629,13 +629,19 @@ impl Joined<'_> {
                 self.src.name, self.src.stream
             ))
         })?;
+        // The version the writer was downloading, so that the rest is of it too (an older
+        // writer, or a file system without user attributes, recorded none).
+        let version = progress::read_version(self.file).unwrap_or_else(|e| {
+            debug!(shard = %self.src.name, error = %e, "no download version to resume");
+            None
+        });
         resume(
             self.ds,
             &self.ps.budget,
             location,
             &self.src.stored_rel,
-            self.src.stored_size,
-            from,
+            (self.src.stored_size, from),
+            version,
             self.file,
             self.tmp,
             Some(publisher),

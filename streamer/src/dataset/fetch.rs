@@ -44,12 +44,13 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use shardstream_storage::object_store::{GetOptions, GetRange};
 use shardstream_storage::{Location, StorageError};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::budget::Budget;
 use super::growing::Publisher;
 use super::metrics::Metrics;
 use super::Inner;
+use crate::cache::progress;
 use crate::error::{Result, StreamerError};
 
 /// Largest part of a shard one GET asks for: shards up to this size come in one request.
@@ -185,30 +186,27 @@ pub(crate) async fn download(
     if let Some(p) = progress.filter(|p| p.wants_sharing()) {
         p.share_through(Arc::clone(&file));
     }
-    fill(
-        ds,
-        budget,
-        location,
-        rel,
-        &file,
+    let target = Target {
+        file: &file,
         dest,
-        parts(size),
-        progress,
-        outage,
-    )
-    .await
+        ranges: parts(size),
+        version: None,
+    };
+    fill(ds, budget, location, rel, target, progress, outage).await
 }
 
 /// Finishes a download another process started and abandoned: writes bytes `from..size` of
-/// `rel` into `file` (which holds the first `from` already), advancing `progress`.
+/// `rel` into `file` (which holds the first `from` already), advancing `progress`. With the
+/// `version` (ETag) its writer recorded, every GET must be of that version: an object replaced
+/// since is [`StorageError::Changed`], not a file made of both.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn resume(
     ds: &Arc<Inner>,
     budget: &Budget,
     location: &Location,
     rel: &str,
-    size: u64,
-    from: u64,
+    (size, from): (u64, u64),
+    version: Option<String>,
     file: &Arc<File>,
     dest: &Path,
     progress: Option<&Publisher>,
@@ -218,10 +216,22 @@ pub(crate) async fn resume(
         .into_iter()
         .map(|(lo, hi)| (lo + from, hi + from))
         .collect();
-    fill(
-        ds, budget, location, rel, file, dest, ranges, progress, outage,
-    )
-    .await
+    let target = Target {
+        file,
+        dest,
+        ranges,
+        version,
+    };
+    fill(ds, budget, location, rel, target, progress, outage).await
+}
+
+/// Where a download's bytes go, which of them it fetches, and the version they must be of
+/// (`None`: whichever the first response is).
+struct Target<'a> {
+    file: &'a Arc<File>,
+    dest: &'a Path,
+    ranges: Vec<(u64, u64)>,
+    version: Option<String>,
 }
 
 /// Streams `ranges` (front to back, contiguous) of `rel` into `file`.
@@ -231,9 +241,12 @@ async fn fill(
     budget: &Budget,
     location: &Location,
     rel: &str,
-    file: &Arc<File>,
-    dest: &Path,
-    ranges: Vec<(u64, u64)>,
+    Target {
+        file,
+        dest,
+        ranges,
+        version,
+    }: Target<'_>,
     progress: Option<&Publisher>,
     outage: &Arc<Outage>,
 ) -> Result<()> {
@@ -245,7 +258,7 @@ async fn fill(
         file: Arc::clone(file),
         dest,
         written: Written::new(ranges.clone()),
-        version: Mutex::new(None),
+        version: Mutex::new(version),
         progress,
         outage,
     };
@@ -300,15 +313,27 @@ impl Part<'_> {
         while at < hi {
             Metrics::add(&ds.metrics.fetch_requests, 1);
             let mut last = Instant::now();
-            let backend = |e| StreamerError::from(StorageError::from_backend(url(), e));
+            // A 416 once the object's size is known (a later request of the download, or
+            // `object_store`'s own resumption of a cut body) means a range past the end of an
+            // object said to be longer: it shrank. S3 and moto check the range before
+            // `If-Match`, so it is not a 412.
+            let backend = |e, size_known: bool| {
+                StreamerError::from(match StorageError::from_backend(url(), e) {
+                    StorageError::Rejected { status: 416, .. } if size_known => {
+                        StorageError::Changed { url: url() }
+                    }
+                    other => other,
+                })
+            };
             let result: Result<()> = async {
                 let options = GetOptions {
                     range: Some(GetRange::Bounded(at..hi)),
                     if_match: self.version(),
                     ..GetOptions::default()
                 };
+                let pinned = options.if_match.is_some();
                 let body = self.location.store().get_opts(&path, options).await;
-                let body = body.map_err(backend)?;
+                let body = body.map_err(|e| backend(e, pinned))?;
                 self.same_version(body.meta.e_tag.as_deref(), url)?;
                 // An object of another size than the index says is damaged (or replaced): an
                 // error before any of its bytes is written. (A range of a longer object would
@@ -331,7 +356,7 @@ impl Part<'_> {
                 let mut body = body.into_stream();
                 let mut first = true;
                 while let Some(frame) = body.next().await {
-                    let mut rest = frame.map_err(backend)?;
+                    let mut rest = frame.map_err(|e| backend(e, true))?;
                     last = Instant::now();
                     if first {
                         self.outage.succeeded();
@@ -390,7 +415,14 @@ impl Part<'_> {
             return Ok(());
         };
         match version.as_deref() {
-            None => *version = Some(etag.to_string()),
+            None => {
+                *version = Some(etag.to_string());
+                // Before any byte is written, so a process that finishes this download after
+                // its writer dies asks for the same version (`cache::progress`).
+                if let Err(e) = progress::write_version(&self.file, etag) {
+                    debug!(error = %e, "download version not recorded");
+                }
+            }
             Some(first) if first == etag => {}
             Some(_) => return Err(StorageError::Changed { url: url() }.into()),
         }
