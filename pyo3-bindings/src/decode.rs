@@ -37,6 +37,14 @@ enum Column {
 pub struct ParsedSample {
     columns: Vec<Column>,
     raw: Option<RawSample>,
+    stored_bytes: usize,
+}
+
+impl ParsedSample {
+    /// The sample's bytes as stored in its shard.
+    pub fn stored_bytes(&self) -> usize {
+        self.stored_bytes
+    }
 }
 
 /// Parses one sample's columns (in `encodings` order). `bytes`, `json` and `pkl` columns are
@@ -83,6 +91,7 @@ pub fn parse_sample(
     let keep = values.iter().any(|c| matches!(c, Column::Stored(_)));
     Ok(ParsedSample {
         columns: values,
+        stored_bytes: raw.bytes().len(),
         raw: keep.then_some(raw),
     })
 }
@@ -189,6 +198,9 @@ impl Decoder {
         py: Python<'py>,
         sample: ParsedSample,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if !self.zero_copy {
+            crate::allocator::prime_for(sample.stored_bytes);
+        }
         let imports = imports(py)?;
         let dict = PyDict::new(py);
         for ((name, enc), column) in self

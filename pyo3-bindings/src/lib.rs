@@ -6,6 +6,7 @@
 
 use pyo3::prelude::*;
 
+mod allocator;
 mod arena;
 mod buffer;
 mod checkpoint;
