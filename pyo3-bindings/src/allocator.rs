@@ -5,15 +5,19 @@
 //!   forks its workers, so that they do not inherit the read buffers the parent just freed.
 //! - [`prime_for`] raises malloc's mmap and trim thresholds to fit large samples, through
 //!   malloc's own adaptive rule. glibc serves an allocation of 128 KiB or more with a fresh
-//!   `mmap` until it has seen such a block freed, and trims the heap's top whenever more than
-//!   twice that threshold is free there. What the threshold is when the first large samples
-//!   arrive depends on the process's history, and when it is low every sample's `bytes` lands
-//!   on fresh pages: 1 MB samples read warm in a process that had streamed other data first
-//!   took 114 page faults a sample and ran at 3,100 samples/s, against 36 faults per 100
-//!   samples and 6,200-9,200 samples/s primed (benches/README.md, 2026-11-28). Freeing one block
-//!   of four times the sample's size raises the threshold to that size and the trim threshold
-//!   to twice it, as the free of any such block by the program would; a threshold set by the
-//!   user (`mallopt`, `MALLOC_MMAP_THRESHOLD_`) turns that rule off, and is then left alone.
+//!   `mmap` and trims the heap's top once more than 128 KiB is free there, until it sees such a
+//!   mapped block freed: then the mmap threshold becomes that block's size and the trim
+//!   threshold twice it. Where they stand when the first large samples arrive depends on the
+//!   process's history, and when they are low every sample's `bytes` lands on fresh pages: 1 MB
+//!   samples read warm in the benchmark's child process (`benches/lib/consume.py`, after a cold
+//!   epoch) took 114 page faults a sample and ran at 2,800-3,150 samples/s, against 34-278
+//!   faults per 100 samples and 5,000-7,800 samples/s primed (commit 90d5eb2's message;
+//!   benches/README.md). Freeing one block of four times the sample's size raises them as the
+//!   program's own free of such a block would. It may not: if malloc serves that block from
+//!   free heap memory, the thresholds are already above it. A threshold the user set
+//!   (`mallopt`, `MALLOC_MMAP_THRESHOLD_`) turns the rule off and is left alone, and a Python
+//!   whose objects do not come from glibc's malloc (`PYTHONMALLOC=mimalloc`, free-threaded
+//!   builds) gains nothing from it and loses nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

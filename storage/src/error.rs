@@ -150,7 +150,7 @@ impl StorageError {
             object_store::Error::Precondition { .. } => Self::Changed { url },
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => Self::PermissionDenied { url, source },
-            other => match (refused_status(&other), http_error_kind(&other)) {
+            other => match (refused_status(&other, &url), http_error_kind(&other)) {
                 (Some(status), _) => Self::Rejected {
                     url,
                     status,
@@ -183,28 +183,64 @@ impl StorageError {
 /// How `object_store` words a response with an error status (its `RequestError::Status`, which
 /// it does not export): the status code follows.
 const STATUS_PREFIX: &str = "Server returned non-2xx status code: ";
+/// How it words the request that got it (its `RetryError`): the method and URI follow.
+const REQUEST_PREFIX: &str = "Error performing ";
+/// S3 error codes that come with a 4xx and yet may pass on a later try: throttling, a request
+/// the server timed out, credentials being refreshed.
+const RETRYABLE_CODES: &[&str] = &[
+    "RequestTimeout",
+    "ExpiredToken",
+    "TokenRefreshRequired",
+    "Throttling",
+    "ThrottlingException",
+    "SlowDown",
+    "RequestLimitExceeded",
+    "IDPCommunicationError",
+];
 
-/// The status of a 4xx response that retrying cannot change, found in the error's source chain
-/// (`None` for 408 Request Timeout and 429 Too Many Requests, which a later try may pass).
+/// The status of a 4xx reply to a request for the object at `url` itself that retrying cannot
+/// change, found in the error's source chain. `None` for 408 and 429, for the S3 codes in
+/// [`RETRYABLE_CODES`], and for a reply to any other request: the client's own requests for
+/// credentials (STS answers throttling with a 400) fail the same way, and stay transient.
 ///
-/// `object_store` keeps its retry error type private, so the status is read from the message
-/// it is documented to print; `tests/faults.rs` pins that wording against a real client.
-fn refused_status(err: &object_store::Error) -> Option<u16> {
+/// `object_store` keeps its retry error type private, so the request and the status are read
+/// from what its `Display` prints; `tests/faults.rs` pins that wording against a real client,
+/// and a change in it only makes these errors transient again, as they were before.
+fn refused_status(err: &object_store::Error, url: &str) -> Option<u16> {
+    let key = object_key(url)?;
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = current {
         let text = e.to_string();
         if let Some(at) = text.find(STATUS_PREFIX) {
-            let status: u16 = text
-                .get(at + STATUS_PREFIX.len()..)?
-                .get(..3)?
-                .parse()
-                .ok()?;
+            let (request, reply) = text.split_at(at);
+            let about_the_object = request
+                .find(REQUEST_PREFIX)
+                .is_some_and(|r| request.get(r..).is_some_and(|req| req.contains(key)));
+            if !about_the_object {
+                return None;
+            }
+            let status: u16 = reply.get(STATUS_PREFIX.len()..)?.get(..3)?.parse().ok()?;
+            if RETRYABLE_CODES
+                .iter()
+                .any(|code| reply.contains(&format!("<Code>{code}</Code>")))
+            {
+                return None;
+            }
             return ((400..500).contains(&status) && status != 408 && status != 429)
                 .then_some(status);
         }
         current = e.source();
     }
     None
+}
+
+/// The object's key in `url` (`scheme://container/key`), as it appears in a request's URI
+/// (keys with characters that are percent-encoded there are not matched: their errors stay
+/// transient).
+fn object_key(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let (_, key) = rest.split_once('/')?;
+    (!key.is_empty()).then_some(key)
 }
 
 /// Finds the transport error kind anywhere in the error's source chain.
@@ -231,21 +267,50 @@ mod tests {
     use super::*;
 
     fn status_error(status: &str) -> object_store::Error {
+        reply("GET http://127.0.0.1/b/data/shard.mds", status, "<Error/>")
+    }
+
+    fn reply(request: &str, status: &str, body: &str) -> object_store::Error {
         object_store::Error::Generic {
             store: "S3",
-            source: format!(
-                "Error performing GET http://127.0.0.1/b/k in 2ms - {STATUS_PREFIX}{status}: <Error/>"
-            )
-            .into(),
+            source: format!("{REQUEST_PREFIX}{request} in 2ms - {STATUS_PREFIX}{status}: {body}")
+                .into(),
+        }
+    }
+
+    #[test]
+    fn a_4xx_for_another_request_or_with_a_retryable_code_stays_transient() {
+        let cases = [
+            // The client's own request for credentials (EKS web identity), throttled.
+            reply(
+                "POST https://sts.amazonaws.com/",
+                "400 Bad Request",
+                "<Error><Code>Throttling</Code></Error>",
+            ),
+            reply(
+                "GET http://127.0.0.1/b/data/shard.mds",
+                "400 Bad Request",
+                "<Error><Code>RequestTimeout</Code></Error>",
+            ),
+            reply(
+                "GET http://127.0.0.1/b/data/shard.mds",
+                "400 Bad Request",
+                "<Error><Code>ExpiredToken</Code></Error>",
+            ),
+        ];
+        for source in cases {
+            let err = StorageError::from_backend("s3://b/data/shard.mds", source);
+            assert!(matches!(err, StorageError::Backend { .. }), "{err:?}");
+            assert!(err.is_transient());
         }
     }
 
     #[test]
     fn a_4xx_status_is_refused_and_not_transient() {
         for (status, code) in [("400 Bad Request", 400), ("416 Range Not Satisfiable", 416)] {
-            let err = StorageError::from_backend("s3://b/k", status_error(status));
+            let err = StorageError::from_backend("s3://b/data/shard.mds", status_error(status));
             assert!(
-                matches!(&err, StorageError::Rejected { url, status, .. } if url == "s3://b/k" && *status == code),
+                matches!(&err, StorageError::Rejected { url, status, .. } if url == "s3://b/data/shard.mds" && *status == code),
                 "{err:?}"
             );
             assert!(!err.is_transient());
@@ -260,7 +325,7 @@ mod tests {
             "408 Request Timeout",
             "503 Service Unavailable",
         ] {
-            let err = StorageError::from_backend("s3://b/k", status_error(status));
+            let err = StorageError::from_backend("s3://b/data/shard.mds", status_error(status));
             assert!(matches!(err, StorageError::Backend { .. }), "{err:?}");
             assert!(err.is_transient());
         }

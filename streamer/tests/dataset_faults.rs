@@ -250,6 +250,8 @@ fn a_shard_request_the_server_refuses_fails_at_once_naming_it() {
     let window = Duration::from_secs(60);
     ds.set_retry_window(window);
     assert!(ds.shard(0).is_ok());
+    // The proxy decides faults per connection: this relies on moto closing each connection
+    // after its reply (`Connection: close`), so that shard 1's requests come on new ones.
     proxy.fail_next_with(usize::MAX, 400);
     let started = Instant::now();
     let err = ds.shard(1).unwrap_err();

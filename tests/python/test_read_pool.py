@@ -126,3 +126,47 @@ def test_samples_held_across_a_fork_are_the_childs_too(tenk, stream_env):
         del again, s
         gc.collect()
     assert all(bytes(buf) == pad_of(i) for i, buf in held)
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    root = tmp_path_factory.mktemp("large") / "mds"
+    write_ids(root, 12, size_limit=8 << 20, extra=1_200_000)
+    return root
+
+
+def test_large_samples_are_turned_into_objects_a_mebibyte_at_a_time(large, tenk, stream_env):
+    # With batch_size=64, each call into the engine used to make every sample that had arrived
+    # into a `bytes` at once (a dozen 1.2 MB objects alive together), which malloc served by
+    # growing and trimming its heap: fresh pages, faulted in, for every sample (docs/python.md).
+    ds = shardstream.StreamingDataset(local=str(large), batch_size=64)
+    stream, _ = ds._stream(64, raw=False)
+    try:
+        calls = []
+        while True:
+            got = stream.next_samples(64)
+            if not got:
+                break
+            calls.append([s["id"] for s in got])
+    finally:
+        stream.close()
+    assert all(len(c) == 1 for c in calls), calls
+    assert [c[0] for c in calls] == list(range(12))
+    # Small samples still come a batch at a time once they have arrived, and the iterator
+    # yields every sample exactly once whatever the calls returned.
+    small = shardstream.StreamingDataset(local=str(tenk), batch_size=64)
+    stream, _ = small._stream(64, raw=False)
+    try:
+        sizes = []
+        while True:
+            got = stream.next_samples(64)
+            if not got:
+                break
+            sizes.append(len(got))
+    finally:
+        stream.close()
+    assert max(sizes) == 64 and sum(sizes) == N
+    big = shardstream.StreamingDataset(local=str(large), batch_size=64, shuffle=True)
+    seen = [(s["id"], s["pad"]) for s in big]
+    assert sorted(i for i, _ in seen) == list(range(12))
+    assert all(pad == pad_bytes(i, 1_200_000) for i, pad in seen)

@@ -44,7 +44,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use shardstream_storage::object_store::{GetOptions, GetRange};
 use shardstream_storage::{Location, StorageError};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::budget::Budget;
 use super::growing::Publisher;
@@ -313,17 +313,24 @@ impl Part<'_> {
         while at < hi {
             Metrics::add(&ds.metrics.fetch_requests, 1);
             let mut last = Instant::now();
-            // A 416 once the object's size is known (a later request of the download, or
-            // `object_store`'s own resumption of a cut body) means a range past the end of an
-            // object said to be longer: it shrank. S3 and moto check the range before
-            // `If-Match`, so it is not a 412.
-            let backend = |e, size_known: bool| {
-                StreamerError::from(match StorageError::from_backend(url(), e) {
-                    StorageError::Rejected { status: 416, .. } if size_known => {
-                        StorageError::Changed { url: url() }
-                    }
-                    other => other,
-                })
+            // Every range asked for lies within the index's size, so a 416 means the object
+            // is shorter than that. Once a response gave its size (a later request of the
+            // download, or `object_store`'s own resumption of a cut body) it shrank meanwhile:
+            // S3 and moto check the range before `If-Match`, so that is not a 412. Before, it
+            // is what an object shorter than its index answering 206 is: damaged.
+            let backend = |e, size_known: bool| match StorageError::from_backend(url(), e) {
+                StorageError::Rejected { status: 416, .. } if size_known => {
+                    StreamerError::from(StorageError::Changed { url: url() })
+                }
+                StorageError::Rejected { status: 416, .. } => StreamerError::Corrupt {
+                    what: url(),
+                    reason: format!(
+                        "the object is shorter than the {} bytes its index says (a range \
+                         within them was refused: HTTP 416)",
+                        self.written.end()
+                    ),
+                },
+                other => StreamerError::from(other),
             };
             let result: Result<()> = async {
                 let options = GetOptions {
@@ -420,7 +427,9 @@ impl Part<'_> {
                 // Before any byte is written, so a process that finishes this download after
                 // its writer dies asks for the same version (`cache::progress`).
                 if let Err(e) = progress::write_version(&self.file, etag) {
-                    debug!(error = %e, "download version not recorded");
+                    // Its progress is shared anyway: a process that finishes it after this one
+                    // dies then cannot check the version of what it fetches (`cache::progress`).
+                    warn!(url = %url(), error = %e, "download version not recorded");
                 }
             }
             Some(first) if first == etag => {}
