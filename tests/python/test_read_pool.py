@@ -135,36 +135,28 @@ def large(tmp_path_factory):
     return root
 
 
+def calls_of(ds) -> list[list[int]]:
+    """The ids each `next_samples(64)` call of a whole stream of `ds` returned."""
+    stream, _ = ds._stream(64, raw=False)
+    calls = []
+    try:
+        while got := stream.next_samples(64):
+            calls.append([s["id"] for s in got])
+    finally:
+        stream.close()
+    return calls
+
+
 def test_large_samples_are_turned_into_objects_a_mebibyte_at_a_time(large, tenk, stream_env):
     # With batch_size=64, each call into the engine used to make every sample that had arrived
     # into a `bytes` at once (a dozen 1.2 MB objects alive together), which malloc served by
     # growing and trimming its heap: fresh pages, faulted in, for every sample (docs/python.md).
-    ds = shardstream.StreamingDataset(local=str(large), batch_size=64)
-    stream, _ = ds._stream(64, raw=False)
-    try:
-        calls = []
-        while True:
-            got = stream.next_samples(64)
-            if not got:
-                break
-            calls.append([s["id"] for s in got])
-    finally:
-        stream.close()
+    calls = calls_of(shardstream.StreamingDataset(local=str(large), batch_size=64))
     assert all(len(c) == 1 for c in calls), calls
     assert [c[0] for c in calls] == list(range(12))
     # Small samples still come a batch at a time once they have arrived, and the iterator
     # yields every sample exactly once whatever the calls returned.
-    small = shardstream.StreamingDataset(local=str(tenk), batch_size=64)
-    stream, _ = small._stream(64, raw=False)
-    try:
-        sizes = []
-        while True:
-            got = stream.next_samples(64)
-            if not got:
-                break
-            sizes.append(len(got))
-    finally:
-        stream.close()
+    sizes = [len(c) for c in calls_of(shardstream.StreamingDataset(local=str(tenk), batch_size=64))]
     assert max(sizes) == 64 and sum(sizes) == N
     big = shardstream.StreamingDataset(local=str(large), batch_size=64, shuffle=True)
     seen = [(s["id"], s["pad"]) for s in big]
