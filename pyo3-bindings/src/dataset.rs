@@ -743,8 +743,9 @@ pub struct NativeStream {
 }
 
 impl NativeStream {
-    /// Takes up to `n` items, waiting (GIL released, signals checked) until at least `wait_for`
-    /// (at most `n`) are there or the stream ends.
+    /// Takes up to `n` items, and past the first no more once they hold `max_bytes` of stored
+    /// bytes, waiting (GIL released, signals checked) until at least `wait_for` (at most `n`)
+    /// are there, the byte bound is reached, or the stream ends.
     fn take(
         &self,
         py: Python<'_>,
@@ -767,11 +768,8 @@ impl NativeStream {
                         None => break,
                     }
                 }
-                if !out.is_empty() && bytes >= max_bytes {
-                    return Ok(out);
-                }
             }
-            if out.len() >= wait_for {
+            if out.len() >= wait_for || (!out.is_empty() && bytes >= max_bytes) {
                 return Ok(out);
             }
             let mut rx_guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::{CutProxy, SwitchProxy};
-use common::{check_sample, moto_with, runtime, s3_location, stream_checked, write_dataset, Spec};
-use shardstream_storage::testing::{FaultProxy, MotoServer};
-use shardstream_storage::Location;
+use common::{
+    check_sample, moto_with, runtime, s3_location, served, stream_checked, write_dataset, Served,
+    Spec,
+};
+use shardstream_storage::testing::FaultProxy;
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 
@@ -46,29 +48,6 @@ fn plan(shuffle: bool, window: u32) -> StreamPlan {
 }
 
 /// Bytes of shard files in the cache folder now (complete and in progress).
-/// `spec`'s dataset on a fresh moto server, and an empty cache folder.
-struct Served {
-    location: Location,
-    cache: tempfile::TempDir,
-    server: MotoServer,
-    data: tempfile::TempDir,
-    rt: tokio::runtime::Runtime,
-}
-
-fn served(spec: &Spec) -> Served {
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    write_dataset(data.path(), spec);
-    let server = moto_with(data.path(), &rt);
-    Served {
-        location: s3_location(&server.endpoint(), "ds"),
-        cache: tempfile::tempdir().unwrap(),
-        server,
-        data,
-        rt,
-    }
-}
-
 fn disk_usage(dir: &Path) -> u64 {
     ["data", "tmp"]
         .iter()

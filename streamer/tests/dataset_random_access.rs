@@ -6,18 +6,14 @@
 
 mod common;
 
-use common::{check_sample, moto_with, node_config, runtime, s3_location, write_dataset, Spec};
+use common::{check_sample, node_config, served, Spec};
 use shardstream_streamer::StreamingDataset;
 
 #[test]
 fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
-    let rt = runtime();
-    let data = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
     let spec = Spec::small(300);
-    write_dataset(data.path(), &spec);
-    let server = moto_with(data.path(), &rt);
-    let location = s3_location(&server.endpoint(), "ds");
+    let served = served(&spec);
+    let (cache, location) = (&served.cache, &served.location);
     let ds = StreamingDataset::open_at(node_config(cache.path()), location.clone()).unwrap();
     let (first_of_3, _) = (0..300u64)
         .map(|i| (i, ds.shard_of(i).unwrap().0))
@@ -49,7 +45,7 @@ fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
     // Another dataset object on the same node cache: shard 0 is complete there, so once its
     // engine runs, `sample_now` opens it on the calling thread (a cache hit, no request).
     drop(ds);
-    let again = StreamingDataset::open_at(node_config(cache.path()), location).unwrap();
+    let again = StreamingDataset::open_at(node_config(cache.path()), location.clone()).unwrap();
     let s = again.sample(first_of_3 + 1).unwrap(); // starts the engine (shard 3: a hit)
     check_sample(first_of_3 + 1, &s.decode().unwrap(), spec.sample_bytes);
     let s = again.sample_now(2).expect("a shard complete in the cache");

@@ -50,7 +50,6 @@ use super::budget::Budget;
 use super::growing::Publisher;
 use super::metrics::Metrics;
 use super::Inner;
-use crate::cache::progress;
 use crate::error::{Result, StreamerError};
 
 /// Largest part of a shard one GET asks for: shards up to this size come in one request.
@@ -424,11 +423,10 @@ impl Part<'_> {
         match version.as_deref() {
             None => {
                 *version = Some(etag.to_string());
-                // Before any byte is written, so a process that finishes this download after
-                // its writer dies asks for the same version (`cache::progress`).
-                if let Err(e) = progress::write_version(&self.file, etag) {
+                // Before any byte is written (`Publisher::record_version`).
+                if let Some(Err(e)) = self.progress.map(|p| p.record_version(etag)) {
                     // Its progress is shared anyway: a process that finishes it after this one
-                    // dies then cannot check the version of what it fetches (`cache::progress`).
+                    // dies then cannot check the version of what it fetches.
                     warn!(url = %url(), error = %e, "download version not recorded");
                 }
             }

@@ -116,6 +116,16 @@ impl Publisher {
         }
     }
 
+    /// The download's bytes are of object version `etag`: recorded on the shared temp file
+    /// before its first byte (`cache::progress`), so that a process that finishes the download
+    /// after this one dies asks for that version only. Nothing for a download not shared.
+    pub(crate) fn record_version(&self, etag: &str) -> std::io::Result<()> {
+        match self.shared.get() {
+            Some(file) => progress::write_version(file, etag),
+            None => Ok(()),
+        }
+    }
+
     /// The first `bytes` bytes are written. Never moves the prefix back. This process's
     /// readers see every advance; other processes (a shared download) see the first, then one
     /// per [`SHARE_STEP`] bytes, and every one with `last` set (the writer's last, which they

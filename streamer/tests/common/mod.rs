@@ -190,3 +190,26 @@ pub fn stream_world(ds: &StreamingDataset, order: OrderConfig, world: World, len
     assert!(seen.values().all(|&n| n == 1), "no sample twice");
     positions
 }
+
+/// `spec`'s dataset on a fresh moto server (`s3://bucket/ds`), and an empty cache folder.
+pub struct Served {
+    pub location: Location,
+    pub cache: tempfile::TempDir,
+    pub server: MotoServer,
+    pub data: tempfile::TempDir,
+    pub rt: tokio::runtime::Runtime,
+}
+
+pub fn served(spec: &Spec) -> Served {
+    let rt = runtime();
+    let data = tempfile::tempdir().unwrap();
+    write_dataset(data.path(), spec);
+    let server = moto_with(data.path(), &rt);
+    Served {
+        location: s3_location(&server.endpoint(), "ds"),
+        cache: tempfile::tempdir().unwrap(),
+        server,
+        data,
+        rt,
+    }
+}
