@@ -179,6 +179,18 @@ fn shard_damaged_on_the_server_is_an_error_naming_it() {
     assert!(err.to_string().contains("shard.00002.mds"), "{err}");
 }
 
+/// Waits until no download has a temp file in `ds`'s cache. A shard's handle comes back once
+/// its header is on disk (no hashes to check) and its download goes on in the background, so a
+/// test that checks that a failed download left no temp file waits for the earlier ones first.
+fn wait_for_downloads_to_end(ds: &StreamingDataset) {
+    let tmp = ds.cache_dir().join("tmp");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&tmp).unwrap().next().is_some() {
+        assert!(Instant::now() < deadline, "a download never ended: {tmp:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
     // No hashes: only the size tells. A range of the longer object's first bytes would pass for
@@ -197,6 +209,7 @@ fn shard_of_another_size_on_the_server_is_an_error_naming_it() {
     let ds = StreamingDataset::open_at(config(served.cache.path(), None), location.clone());
     let ds = ds.unwrap();
     assert!(ds.shard(0).is_ok());
+    wait_for_downloads_to_end(&ds);
     for (shard, what) in [(1, "longer"), (2, "shorter")] {
         let err = ds.shard(shard).unwrap_err();
         let text = err.to_string();
@@ -229,6 +242,7 @@ fn a_shard_request_the_server_refuses_fails_at_once_naming_it() {
     let window = Duration::from_secs(60);
     ds.set_retry_window(window);
     assert!(ds.shard(0).is_ok());
+    wait_for_downloads_to_end(&ds);
     // The proxy decides faults per connection: this relies on moto closing each connection
     // after its reply (`Connection: close`), so that shard 1's requests come on new ones.
     proxy.fail_next_with(usize::MAX, 400);
