@@ -339,12 +339,7 @@ fn shard_shrunk_on_the_server_mid_download_is_an_error_at_once() {
     assert!(text.contains("s3://bucket/ds/shard.00000.mds"), "{text}");
     assert!(text.contains("changed"), "{text}");
     // Nothing of the failed download stays in the cache.
-    let tmp = ds.cache_dir().join("tmp");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&tmp).unwrap().next().is_some() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(std::fs::read_dir(&tmp).unwrap().next().is_none());
+    wait_for_downloads_to_end(&ds);
 }
 
 #[test]
