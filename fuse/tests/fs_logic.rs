@@ -261,10 +261,13 @@ fn sequential_readers_fetch_ahead_with_a_growing_window_capped_by_the_budget() {
     }
     // Wait for the background fetches up to shard 10 (a batch is fetched in order, so an
     // over-reaching window would have asked for 11 right after it).
-    for _ in 0..500 {
-        if data.opened.lock().unwrap().contains(&10) {
-            break;
-        }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !data.opened.lock().unwrap().contains(&10) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "read-ahead never reached shard 10: {:?}",
+            data.opened.lock().unwrap()
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     std::thread::sleep(std::time::Duration::from_millis(50));

@@ -128,13 +128,23 @@ fn a_second_process_reads_a_download_while_it_arrives() {
     gate.open();
     writer_got.extend(take(&writer_rx, 900, "the writer's last samples"));
     joiner_got.extend(take(&joiner_rx, 900, "the joiner's last samples"));
+    // The last sample can come before the download's commit; each stream's end waits for it.
+    for rx in [&writer_rx, &joiner_rx] {
+        assert!(
+            matches!(
+                rx.recv_timeout(DEADLINE),
+                Err(mpsc::RecvTimeoutError::Disconnected)
+            ),
+            "the stream never ended"
+        );
+    }
     check_all(&writer_got);
     check_all(&joiner_got);
     let m = joiner.metrics();
     assert_eq!(m.fetch_requests, 0);
     assert_eq!(m.fetch_bytes, 0);
     assert_eq!(writer.metrics().shards_fetched, 1);
-    // The stream's end waited for the joined download: the writer committed it, and the
+    // The streams' ends waited for the joined download: the writer committed it, and the
     // joiner's handle holds the committed file (no progress record left on it).
     let handle = joiner.shard(0).unwrap();
     assert!(handle.is_complete());

@@ -8,6 +8,7 @@ mod common;
 
 use common::{check_sample, node_config, served, Spec};
 use shardstream_streamer::StreamingDataset;
+use std::time::{Duration, Instant};
 
 #[test]
 fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
@@ -44,6 +45,19 @@ fn sample_now_reads_kept_and_cached_shards_and_never_fetches() {
 
     // Another dataset object on the same node cache: shard 0 is complete there, so once its
     // engine runs, `sample_now` opens it on the calling thread (a cache hit, no request).
+    // `sample` returns once a shard's header is on disk and its download goes on in the
+    // background: wait for both downloads' commits first.
+    for shard in [0, 3] {
+        let handle = ds.shard(shard).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !handle.is_complete() {
+            assert!(
+                Instant::now() < deadline,
+                "shard {shard} was never committed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     drop(ds);
     let again = StreamingDataset::open_at(node_config(cache.path()), location.clone()).unwrap();
     let s = again.sample(first_of_3 + 1).unwrap(); // starts the engine (shard 3: a hit)

@@ -27,7 +27,9 @@ SCRIPT = textwrap.dedent(
     placement()  # imports torch.distributed now: a SIGINT must land in the wait, not an import
     print("open", flush=True)
     sys.stdin.readline()
+    faulthandler.dump_traceback_later(12, exit=True)  # from here: the imports may have been slow
     try:
+        print("iterating", flush=True)  # inside the try: a SIGINT from now on is the test's
         next(iter(ds))
         print("got a sample", flush=True)
     except KeyboardInterrupt:
@@ -57,7 +59,8 @@ def test_ctrl_c_interrupts_blocked_iteration(tmp_path, stream_env):
         try:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-            time.sleep(1.5)
+            assert proc.stdout.readline().strip() == "iterating"
+            time.sleep(1.5)  # it reaches the wait on the frozen server
             assert proc.poll() is None, "the iteration did not block on the frozen server"
             sent = time.monotonic()
             proc.send_signal(signal.SIGINT)
