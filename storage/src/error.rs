@@ -213,9 +213,15 @@ fn refused_status(err: &object_store::Error, url: &str) -> Option<u16> {
         let text = e.to_string();
         if let Some(at) = text.find(STATUS_PREFIX) {
             let (request, reply) = text.split_at(at);
-            let about_the_object = request
-                .find(REQUEST_PREFIX)
-                .is_some_and(|r| request.get(r..).is_some_and(|req| req.contains(key)));
+            // The URI is percent-encoded (each store encodes its own set of characters); the
+            // key is compared with it decoded.
+            let about_the_object = request.find(REQUEST_PREFIX).is_some_and(|r| {
+                request.get(r..).is_some_and(|req| {
+                    percent_encoding::percent_decode_str(req)
+                        .decode_utf8_lossy()
+                        .contains(key)
+                })
+            });
             if !about_the_object {
                 return None;
             }
@@ -234,9 +240,8 @@ fn refused_status(err: &object_store::Error, url: &str) -> Option<u16> {
     None
 }
 
-/// The object's key in `url` (`scheme://container/key`), as it appears in a request's URI
-/// (keys with characters that are percent-encoded there are not matched: their errors stay
-/// transient).
+/// The object's key in `url` (`scheme://container/key`), as it appears in a request's URI once
+/// that is percent-decoded.
 fn object_key(url: &str) -> Option<&str> {
     let (_, rest) = url.split_once("://")?;
     let (_, key) = rest.split_once('/')?;
@@ -316,6 +321,17 @@ mod tests {
             assert!(!err.is_transient());
             assert!(err.to_string().contains(&format!("HTTP {code}")), "{err}");
         }
+    }
+
+    #[test]
+    fn a_key_percent_encoded_in_the_request_is_recognised() {
+        let source = reply(
+            "GET http://127.0.0.1/b/data/a%20key%2C%20%C3%A9.mds",
+            "400 Bad Request",
+            "<Error/>",
+        );
+        let err = StorageError::from_backend("s3://b/data/a key, é.mds", source);
+        assert!(matches!(err, StorageError::Rejected { .. }), "{err:?}");
     }
 
     #[test]

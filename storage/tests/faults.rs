@@ -68,26 +68,33 @@ async fn endless_slow_down_gives_up_after_max_retries() {
 async fn a_refused_request_fails_at_once_naming_its_status() {
     let moto = moto_with_bucket().await;
     let loc = open(&moto.endpoint(), |o| o);
-    loc.put("k", Bytes::from_static(b"payload")).await.unwrap();
+    // The second key's characters are percent-encoded in the request's URI.
+    let keys = ["k", "dir/a key, with+plus & é.mds"];
+    for key in keys {
+        loc.put(key, Bytes::from_static(b"payload")).await.unwrap();
+    }
     let proxy = FaultProxy::start(moto.addr()).await.unwrap();
     let reader = open(&proxy.endpoint(), |o| o.with_retry(retries(5)));
     // A 416 is followed by one HEAD (an empty object answers 416 to any range), never retried.
-    for (status, requests) in [(400u16, 1), (416, 2)] {
+    for (key, (status, requests)) in keys
+        .into_iter()
+        .flat_map(|k| [(k, (400u16, 1)), (k, (416, 2))])
+    {
         proxy.fail_next_with(usize::MAX, status);
         let before = proxy.failed();
-        let err = reader.get("k").await.unwrap_err();
+        let err = reader.get(key).await.unwrap_err();
         // Also pins the wording of object_store's status errors, which `Rejected` relies on.
         assert!(
             matches!(&err, StorageError::Rejected { status: s, url, .. }
-                if *s == status && url.ends_with("root/k")),
-            "{err:?}"
+                if *s == status && url.ends_with(&format!("root/{key}"))),
+            "{key}: {err:?}"
         );
         assert!(!err.is_transient(), "{err}");
         assert!(err.to_string().contains(&format!("HTTP {status}")), "{err}");
         assert_eq!(
             proxy.failed() - before,
             requests,
-            "a {status} is not retried"
+            "{key}: a {status} is not retried"
         );
     }
 }
