@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::outage::StallProxy;
 use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
-use shardstream_storage::testing::MotoServer;
+use shardstream_storage::testing::{options_for, test_env, MotoServer};
+use shardstream_storage::{Location, Timeouts};
 use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, World};
 use shardstream_streamer::{PrefetchReport, StreamPlan, StreamingConfig, StreamingDataset};
 
@@ -222,11 +223,15 @@ fn the_first_shard_has_the_link_alone_only_until_it_is_open() {
     assert!(smallest > PASSED, "a {smallest}-byte shard would complete");
     let proxy = rt.block_on(StallProxy::start(server.addr(), PASSED));
     let cache = tempfile::tempdir().unwrap();
-    let ds = StreamingDataset::open_at(
-        config(cache.path(), None),
-        s3_location(&proxy.endpoint(), "ds"),
-    )
-    .unwrap();
+    // The tests' usual 10 s stall timeout would retry the stalled downloads within the loop's
+    // bound below, and the retry of the smallest shard (the rest is under `PASSED`) completes.
+    let never_retried = options_for(&proxy.endpoint()).with_timeouts(Timeouts {
+        connect: Duration::from_secs(2),
+        request: Duration::from_secs(300),
+        stall: Duration::from_secs(120),
+    });
+    let location = Location::open_with("s3://bucket/ds", &never_retried, &test_env()).unwrap();
+    let ds = StreamingDataset::open_at(config(cache.path(), None), location).unwrap();
     let prefetch = ds.prefetch(plan(0), 8).unwrap();
     assert!(prefetch.shards().len() >= 3, "{:?}", prefetch.shards());
     let tmp = ds.cache_dir().join("tmp");

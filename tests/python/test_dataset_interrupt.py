@@ -18,12 +18,14 @@ from conftest import MotoServer, write_ids
 SCRIPT = textwrap.dedent(
     """
     import faulthandler, signal, sys
-    faulthandler.dump_traceback_later(12, exit=True)  # a hang shows where it is
+    faulthandler.dump_traceback_later(120, exit=True)  # a hang shows where it is
     # A test run started in the background inherits SIGINT ignored; Ctrl-C is what is tested.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import shardstream
     from shardstream._world import placement
-    ds = shardstream.StreamingDataset(remote=sys.argv[1])
+    # No prefetch at construction: its download could complete before the test freezes the
+    # server, and the iteration would then not block at all.
+    ds = shardstream.StreamingDataset(remote=sys.argv[1], prefetch_on_init=False)
     placement()  # imports torch.distributed now: a SIGINT must land in the wait, not an import
     print("open", flush=True)
     sys.stdin.readline()
