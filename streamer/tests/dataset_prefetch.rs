@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::outage::StallProxy;
-use common::{check_sample, moto_with, runtime, s3_location, write_dataset, Spec};
+use common::{check_sample, moto_with, runtime, write_dataset, Spec};
 use shardstream_storage::testing::{options_for, test_env, MotoServer};
 use shardstream_storage::{Location, Timeouts};
 use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, World};
