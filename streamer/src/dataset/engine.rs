@@ -177,6 +177,13 @@ impl ProcState {
         self.inflight.lock().ok()?.get(&shard).cloned()
     }
 
+    /// Takes the ended download of `shard` out of [`Self::joinable`]'s reach.
+    fn forget_inflight(&self, shard: usize) {
+        if let Ok(mut map) = self.inflight.lock() {
+            map.remove(&shard);
+        }
+    }
+
     /// Waits (from a plain thread) until every shard this process is downloading while serving
     /// it is committed or has failed, and the work started with [`ProcState::spawn_settled`] is
     /// done. A stream calls it at its end: a process that exits right after its last sample
@@ -522,15 +529,17 @@ async fn join_growing(
                 tmp: &tmp,
             };
             match joined.follow(&publisher, &landing, &outage).await {
-                Ok(()) => publisher.done(),
+                Ok(()) => {
+                    publisher.done();
+                    ps.forget_inflight(shard);
+                }
                 Err(e) => {
                     let e = named(e, &src.name);
                     warn!(shard = %src.name, error = %e, "a joined download failed");
+                    // Before `fail`, as in `serve_growing`.
+                    ps.forget_inflight(shard);
                     publisher.fail(e.to_string(), e.is_transient());
                 }
-            }
-            if let Ok(mut map) = ps.inflight.lock() {
-                map.remove(&shard);
             }
         });
     }
@@ -732,15 +741,17 @@ async fn serve_growing(
                 Ok(lease) => {
                     landing.land(lease);
                     publisher.done();
+                    // After `done`: `settle` waits for what is in the map.
+                    ps.forget_inflight(shard);
                 }
                 Err(e) => {
                     let e = named(e, &src.name);
                     warn!(shard = %src.name, error = %e, "fetch of a shard being served failed");
+                    // Before `fail`: a caller told of the failure that opens the shard again
+                    // must start a new download, not join this ended one and get its error.
+                    ps.forget_inflight(shard);
                     publisher.fail(e.to_string(), e.is_transient());
                 }
-            }
-            if let Ok(mut map) = ps.inflight.lock() {
-                map.remove(&shard);
             }
         });
     }
