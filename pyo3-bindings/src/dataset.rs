@@ -255,7 +255,7 @@ impl NativeDataset {
             ds: Arc::new(ds),
             chunk_bytes,
             decoder,
-            batch_buffers: BufferPool::new(pool_bytes, pool_bytes),
+            batch_buffers: BufferPool::for_batches(pool_bytes),
         })
     }
 
