@@ -575,11 +575,8 @@ mod tests {
         let column_at = column.as_ptr();
         drop(PooledBuffer::pooled(column, &batches));
         let next_dataset = BufferPool::for_batches(size);
-        assert_eq!(
-            next_dataset.take(1 << 20).as_ptr(),
-            column_at,
-            "kept across datasets"
-        );
+        let reused = next_dataset.take(1 << 20);
+        assert_eq!(reused.as_ptr(), column_at, "kept across datasets");
         drop(PooledBuffer::pooled(vec![0u8; 4096], &batches));
         assert!(release_kept_buffers() >= 4096, "freed before a fork");
         assert_eq!(batches.kept_bytes(), 0);
