@@ -9,12 +9,18 @@ process's `epoch` and `state_dict` follow the workers, so a resume lands in the 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from torch.utils.data import DataLoader
 
 import shardstream
 from conftest import write_ids
+from shardstream import _epochs
 
 N, BATCH, EPOCHS = 64, 4, 3
 
@@ -151,3 +157,60 @@ def test_set_epoch_and_load_state_dict_reach_persistent_workers(root, persistent
     ds.load_state_dict(saved.state_dict(num_samples=2 * BATCH * 3))
     assert epoch() == want[1][2 * BATCH * 3:]
     assert epoch() == want[2]
+
+
+_KILLED_CHILD = """
+import os, signal, sys
+import shardstream
+ds = shardstream.StreamingDataset(local=sys.argv[1], batch_size=4, prefetch_on_init=False)
+next(iter(ds))  # the iteration's start marker makes the lineage's folder
+print(ds._lineages[-1].folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no finalizer runs: the folder is left behind
+"""
+
+_NEW_DATASET = """
+import sys
+import shardstream
+shardstream.StreamingDataset(local=sys.argv[1], batch_size=4, prefetch_on_init=False)
+"""
+
+
+def _aged(folder: str) -> None:
+    old = time.time() - _epochs.SWEEP_AFTER_S - 60
+    os.utime(folder, (old, old))
+
+
+def test_a_killed_process_markers_are_removed_by_the_next_process(root):
+    """A process killed with SIGKILL cannot remove its lineage's folder; the next process that
+    makes a dataset removes it, once it has been left for a minute. Folders whose maker lives,
+    of another PID namespace, of an older version, or just left, stay."""
+    run = subprocess.run([sys.executable, "-c", _KILLED_CHILD, str(root)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    left = run.stdout.strip()
+    assert os.path.isdir(left), "a killed process leaves its folder"
+    namespace = _epochs._pid_namespace()
+    dead_pid = int(os.path.basename(left).split("-")[1])
+    keep = {
+        "live maker": os.path.join(_epochs._ROOT, f"{namespace}-{os.getpid()}-{'a' * 32}"),
+        "other namespace": os.path.join(_epochs._ROOT, f"{namespace + 1}-{dead_pid}-{'b' * 32}"),
+        "older version": os.path.join(_epochs._ROOT, "c" * 32),
+    }
+    for folder in keep.values():
+        os.makedirs(folder, exist_ok=True)
+        _aged(folder)
+    try:
+        new = subprocess.run([sys.executable, "-c", _NEW_DATASET, str(root)], capture_output=True, text=True,
+                             timeout=120)
+        assert new.returncode == 0, new.stderr
+        assert os.path.isdir(left), "a folder left less than a minute ago stays"
+        _aged(left)
+        new = subprocess.run([sys.executable, "-c", _NEW_DATASET, str(root)], capture_output=True, text=True,
+                             timeout=120)
+        assert new.returncode == 0, new.stderr
+        assert not os.path.exists(left), "the next process removed the killed one's folder"
+        for why, folder in keep.items():
+            assert os.path.isdir(folder), f"kept: {why}"
+    finally:
+        for folder in keep.values():
+            shutil.rmtree(folder, ignore_errors=True)

@@ -27,7 +27,13 @@ theirs for the whole run) follow `next` files at the start of their next iterati
 stream the epoch the training process chose, not the one after their last.
 
 The folder is under the system's temporary directory (each rank's processes run in one pod or
-machine); the process that made a lineage removes its folder when its dataset object goes.
+machine); the process that made a lineage removes its folder when its dataset object goes. A
+process that cannot (killed with SIGKILL, by the OOM killer, by a preemption) leaves it behind, so
+a key names its maker (`<pid namespace>-<pid>-<random>`), and the first lineage a process makes
+removes the folders of makers that are gone: same PID namespace (a `/tmp` shared with another
+container says nothing of its processes), no such process, and the folder untouched for a minute
+(a maker's copies that outlive it for a moment may still be writing). Folders of other namespaces
+and of older versions (a bare random key) are left alone.
 """
 
 from __future__ import annotations
@@ -37,20 +43,75 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from typing import Any
 
 _ROOT = os.path.join(tempfile.gettempdir(), "shardstream-epochs")
 _ENDED = re.compile(r"e(\d+)-w(\d+)-of(\d+)")
 _STARTED = re.compile(r"s(\d+)-(.+)")
+_KEY = re.compile(r"(\d+)-(\d+)-[0-9a-f]{32}")
+# A folder whose maker is gone is removed only once it has been left this long (module doc).
+SWEEP_AFTER_S = 60.0
+# The process (pid) that swept the folder, so that each process sweeps once.
+_swept_by: int | None = None
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (the inode of `/proc/self/ns/pid`; 0 where there is none)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process, or a check we may not make: assume it lives
+    return True
+
+
+def sweep_abandoned() -> int:
+    """Removes the folders of lineages whose maker is gone (module doc); returns how many."""
+    namespace, removed = _pid_namespace(), 0
+    if namespace == 0:
+        return 0
+    try:
+        names = os.listdir(_ROOT)
+    except OSError:
+        return 0
+    now = time.time()
+    for name in names:
+        m = _KEY.fullmatch(name)
+        if not m or int(m.group(1)) != namespace or _process_exists(int(m.group(2))):
+            continue
+        folder = os.path.join(_ROOT, name)
+        try:
+            if now - os.stat(folder).st_mtime < SWEEP_AFTER_S:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += not os.path.exists(folder)
+    return removed
 
 
 class EpochRecords:
     """The marker files of one lineage."""
 
     def __init__(self, key: str | None = None, owner: int | None = None) -> None:
-        self.key = key or uuid.uuid4().hex
+        global _swept_by
         self.owner = os.getpid() if owner is None else owner
+        if key is None:
+            key = f"{_pid_namespace()}-{self.owner}-{uuid.uuid4().hex}"
+            if _swept_by != os.getpid():
+                _swept_by = os.getpid()
+                sweep_abandoned()
+        self.key = key
 
     @property
     def folder(self) -> str:
