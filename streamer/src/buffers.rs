@@ -54,10 +54,11 @@ static LATEST_BATCH_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 
 /// For a process about to fork: its children (DataLoader workers) make their own read and
 /// batch pools and would only inherit the kept allocations of this process's (see
-/// [`BufferPool::for_memory_limit`], [`BufferPool::for_batches`]), unused, in their memory; and while they read, this
-/// process does not. Frees the kept allocations (the next reads fill the pool again): unmaps
-/// the mappings and frees the heap buffers. Returns the heap bytes freed (the allocator may keep
-/// them in its free lists; see the binding's caller, which trims them).
+/// [`BufferPool::for_memory_limit`], [`BufferPool::for_batches`]), unused, in their memory;
+/// and while they read, this process does not. Frees the kept allocations (the next reads fill
+/// the pools again): unmaps the mappings and frees the heap buffers. Returns the heap bytes
+/// freed (the allocator may keep them in its free lists; see the binding's caller, which trims
+/// them).
 pub fn release_kept_buffers() -> usize {
     [&LATEST_POOL, &LATEST_BATCH_POOL]
         .into_iter()
