@@ -28,7 +28,7 @@ FORKS = 120
 
 SCRIPT = textwrap.dedent(
     """
-    import gc, json, os, select, sys, threading
+    import gc, json, os, select, shutil, subprocess, sys, threading
     import shardstream
 
     remote, forks = sys.argv[1], int(sys.argv[2])
@@ -61,6 +61,19 @@ SCRIPT = textwrap.dedent(
     held = iter(shardstream.StreamingDataset(remote=remote, batch_size=4))
     next(held)
     hung = failed = 0
+    stacks = []  # each hung child's threads, as gdb sees them: where it waits
+
+    def thread_stacks(pid):
+        gdb = shutil.which("gdb")
+        if gdb is None:
+            return "gdb is not installed: no stacks"
+        try:
+            dump = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 40"],
+                                  capture_output=True, text=True, timeout=60)
+            return dump.stdout[-20000:]
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"gdb failed: {e!r}"
+
     for k in range(forks):
         pid = os.fork()
         if pid == 0:
@@ -83,6 +96,7 @@ SCRIPT = textwrap.dedent(
         os.close(exited)
         if not ready:
             hung += 1
+            stacks.append(thread_stacks(pid))
             os.kill(pid, 9)
         _, status = os.waitpid(pid, 0)
         if ready and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
@@ -90,7 +104,7 @@ SCRIPT = textwrap.dedent(
     stop.set()
     for t in threads:
         t.join(timeout=60)
-    print(json.dumps({"forks": forks, "hung": hung, "failed": failed, "errors": errors}))
+    print(json.dumps({"forks": forks, "hung": hung, "failed": failed, "errors": errors, "stacks": stacks}))
     """
 )
 
@@ -116,5 +130,5 @@ def test_children_forked_while_threads_stream_never_hang(tmp_path, moto, stream_
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["errors"] == [], out["errors"]
-    assert out["hung"] == 0, f"{out['hung']} of {FORKS} children hung"
+    assert out["hung"] == 0, f"{out['hung']} of {FORKS} children hung; their threads:\n" + "\n".join(out["stacks"])
     assert out["failed"] == 0, f"{out['failed']} of {FORKS} children failed"
