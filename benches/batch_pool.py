@@ -27,32 +27,28 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _epoch(shardstream, dataset: str, batch_size: int) -> tuple[int, float, int]:
-    """One epoch of a new dataset whose last batch goes when the epoch ends."""
+def _epoch(shardstream, dataset: str, batch_size: int, held: list) -> tuple[int, float, int]:
+    """One epoch of a new dataset. Its last batch stays in `held` (a list the caller keeps or
+    not) until the next epoch's first batch replaces it."""
     ds = shardstream.StreamingDataset(local=dataset, batch_size=batch_size)
-    f0, t0 = _faults(), time.perf_counter()
-    n = sum(len(b["id"]) for b in ds.iter_batches(batch_size))
+    f0, t0, n = _faults(), time.perf_counter(), 0
+    for batch in ds.iter_batches(batch_size):
+        held[:] = [batch]  # lets go of the batch before, the last epoch's last one included
+        n += len(batch["id"])
     return n, time.perf_counter() - t0, _faults() - f0
 
 
 def run(dataset: str, epochs: int, batch_size: int, keep_last: bool) -> tuple[float, float]:
     import shardstream
 
-    walls, faults = [], []
-    last = None
+    rates, faults = [], []
+    kept: list = []
     for _ in range(epochs + 1):
-        if keep_last:
-            ds = shardstream.StreamingDataset(local=dataset, batch_size=batch_size)
-            f0, t0, n = _faults(), time.perf_counter(), 0
-            for last in ds.iter_batches(batch_size):
-                n += len(last["id"])
-            wall, fault = time.perf_counter() - t0, _faults() - f0
-        else:
-            n, wall, fault = _epoch(shardstream, dataset, batch_size)
-        walls.append(n / wall)
+        # A fresh list each epoch drops the last batch when the epoch ends.
+        n, wall, fault = _epoch(shardstream, dataset, batch_size, kept if keep_last else [])
+        rates.append(n / wall)
         faults.append(fault)
-    del last
-    return statistics.median(walls[1:]), statistics.median(faults[1:])
+    return statistics.median(rates[1:]), statistics.median(faults[1:])
 
 
 def main() -> None:
