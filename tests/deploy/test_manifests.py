@@ -9,6 +9,7 @@ import copy
 import json
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -306,6 +307,14 @@ def test_airflow_example_is_indexed_and_wires_the_run_id():
 
 def test_dockerfile_installs_what_the_manifests_run():
     text = (dc.DEPLOY / "Dockerfile").read_text()
-    assert "cargo build --release --locked -p shardstream-cli" in text
+    # The shipped profile (Cargo.toml's `dist`: release code, no debug information).
+    assert "cargo build --profile dist --locked -p shardstream-cli" in text
+    assert "install -D target/dist/shardstream /out/bin/shardstream" in text
+    assert "maturin build --profile dist --locked" in text
+    cargo = tomllib.loads((dc.DEPLOY.parent / "Cargo.toml").read_text())
+    dist = cargo["profile"]["dist"]
+    assert dist["inherits"] == "release" and dist["debug"] is False, dist
+    pyproject = tomllib.loads((dc.DEPLOY.parent / "pyo3-bindings/pyproject.toml").read_text())
+    assert pyproject["tool"]["maturin"]["profile"] == "dist"
     assert "/usr/local/bin/shardstream" in text
     assert "fuse3" in text and "util-linux" in text  # fusermount3, and `mountpoint` for the probe
