@@ -50,7 +50,8 @@ pub mod order;
 pub mod runtime;
 
 pub use dataset::{
-    MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleStream, ShardHandle, StreamPlan,
-    StreamSpec, StreamedSample, StreamingConfig, StreamingDataset,
+    DeferredSample, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleStream,
+    ShardHandle, StreamItem, StreamPlan, StreamSpec, StreamedSample, StreamingConfig,
+    StreamingDataset,
 };
 pub use error::{Result, StreamerError};

@@ -15,6 +15,7 @@ pub(crate) struct Metrics {
     pub samples: AtomicU64,
     pub sample_bytes: AtomicU64,
     pub sample_reads: AtomicU64,
+    pub deferred_reads: AtomicU64,
     pub stall_nanos: AtomicU64,
 }
 
@@ -56,6 +57,9 @@ pub struct MetricsSnapshot {
     /// `pread`s of cached shard files made to serve samples: one per sample, per run of samples
     /// read in order, or per small shard read whole (`shardstream_sample_reads_total`).
     pub sample_reads: u64,
+    /// Of those, the samples a stream left for its consumer's thread to read while it waited
+    /// (`SampleStream::defer_on_demand`; `shardstream_deferred_reads_total`).
+    pub deferred_reads: u64,
     /// Seconds the consumer waited for a shard (`shardstream_consumer_stall_seconds_total`).
     pub stall_seconds: f64,
     /// Bytes of the memory budget held now (`shardstream_memory_budget_used_bytes`).
@@ -68,7 +72,7 @@ impl MetricsSnapshot {
     /// The snapshot in Prometheus' text exposition format (version 0.0.4), under the DESIGN §4
     /// names: `shardstream_*`, base units, no per-shard labels.
     pub fn to_prometheus(&self) -> String {
-        let counters: [(&str, &str, f64); 14] = [
+        let counters: [(&str, &str, f64); 15] = [
             (
                 "shardstream_fetch_bytes_total",
                 "Bytes downloaded from storage.",
@@ -128,6 +132,11 @@ impl MetricsSnapshot {
                 "shardstream_sample_reads_total",
                 "Reads of cached shard files made to serve samples.",
                 self.sample_reads as f64,
+            ),
+            (
+                "shardstream_deferred_reads_total",
+                "Of those reads, the samples a stream left for its consumer's thread to read.",
+                self.deferred_reads as f64,
             ),
             (
                 "shardstream_consumer_stall_seconds_total",
@@ -191,7 +200,7 @@ mod tests {
         assert!(text.contains("shardstream_consumer_stall_seconds_total 1.5\n"));
         assert!(text.contains("# TYPE shardstream_cache_bytes gauge\nshardstream_cache_bytes 77\n"));
         let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(samples.len(), 16);
+        assert_eq!(samples.len(), 17);
         assert!(samples
             .iter()
             .all(|l| l.starts_with("shardstream_") && !l.contains('{')));

@@ -61,7 +61,7 @@ pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
 pub use prefetch::{Prefetch, PrefetchReport};
 pub use shard::{RawSample, ShardHandle};
-pub use stream::{SampleStream, StreamPlan, StreamedSample, RUN_BYTES};
+pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedSample, RUN_BYTES};
 
 use engine::{ProcSlot, ShardSource};
 use metrics::Metrics;
@@ -690,6 +690,7 @@ impl Inner {
             samples: m.samples.load(Relaxed),
             sample_bytes: m.sample_bytes.load(Relaxed),
             sample_reads: m.sample_reads.load(Relaxed),
+            deferred_reads: m.deferred_reads.load(Relaxed),
             stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
             memory_in_use: engine.as_ref().map_or(0, |ps| ps.budget.in_use()),
             memory_limit: budget::effective_limit(self.memory_limit),

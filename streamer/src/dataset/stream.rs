@@ -25,6 +25,7 @@
 //! hold up a download.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -98,6 +99,80 @@ pub struct StreamedSample {
     pub padding: bool,
 }
 
+/// A sample the stream located but left unread, for its consumer to read on a thread of its
+/// own (see [`SampleStream::defer_on_demand`]). The shard is pinned, and the sample's bytes are
+/// on disk, until it is dropped.
+///
+/// It holds no read buffer and so none of the stream's memory budget: its bytes are read when
+/// the consumer calls [`DeferredSample::read`], into a buffer of the dataset's pool that the
+/// consumer holds as it would hold a sample the stream had read.
+#[derive(Debug)]
+pub struct DeferredSample {
+    /// Its position in the epoch's global order (`>= epoch length` for a padding repeat).
+    pub position: u64,
+    /// Its global sample id.
+    pub index: u64,
+    /// Whether it is a padding repeat (see `order::Remainder::Pad`).
+    pub padding: bool,
+    handle: ShardHandle,
+    in_shard: u64,
+    len: u64,
+    ds: Arc<Inner>,
+}
+
+impl DeferredSample {
+    /// The sample's bytes as stored in its shard (column sizes and column bytes).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the sample has no bytes (never, for a valid MDS sample).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the sample as the stream would have: one `pread` into a buffer of the dataset's
+    /// pool; errors name the shard file.
+    pub fn read(self) -> Result<RawSample> {
+        let mut alloc = self.ds.read_buffers.take_read(self.len as usize);
+        let i = self.in_shard;
+        let base = self.handle.read_run(i, i + 1, &mut alloc)?;
+        Metrics::add(&self.ds.metrics.sample_reads, 1);
+        Metrics::add(&self.ds.metrics.deferred_reads, 1);
+        let buf = Arc::new(PooledBuffer::pooled_read(alloc, &self.ds.read_buffers));
+        cut(&self.handle, i, base, buf)
+    }
+
+    /// As a [`StreamedSample`], read.
+    pub fn into_streamed(self) -> Result<StreamedSample> {
+        let (position, index, padding) = (self.position, self.index, self.padding);
+        Ok(StreamedSample {
+            position,
+            index,
+            sample: self.read()?,
+            padding,
+        })
+    }
+}
+
+/// Samples a stream hands over unread on request (see [`SampleStream::defer_on_demand`]).
+#[derive(Debug)]
+struct DeferOnDemand {
+    /// Set by the consumer when it has nothing left to do; the stream clears it when it hands
+    /// a sample over unread.
+    wanted: Arc<AtomicBool>,
+    min_bytes: u64,
+}
+
+/// What [`SampleStream::next_item`] yields.
+#[derive(Debug)]
+pub enum StreamItem {
+    /// A sample read by the stream.
+    Read(StreamedSample),
+    /// A sample handed over unread (see [`SampleStream::defer_on_demand`]).
+    Deferred(DeferredSample),
+}
+
 enum Slot {
     Pending(JoinHandle<Result<ShardHandle>>),
     Ready(ShardHandle),
@@ -156,6 +231,8 @@ pub struct SampleStream {
     /// The shard read last, so that consecutive samples of one shard skip the slot map.
     current: Option<(u32, ShardHandle)>,
     last: Option<(u32, u64)>,
+    /// When to hand samples over unread ([`StreamItem::Deferred`]).
+    defer: Option<DeferOnDemand>,
     failed: bool,
 }
 
@@ -235,8 +312,40 @@ impl SampleStream {
             budget,
             current: None,
             last: None,
+            defer: None,
             failed: false,
         })
+    }
+
+    /// From now on, each time `wanted` is set, [`SampleStream::next_item`] hands the next sample
+    /// of at least `min_bytes` over unread ([`StreamItem::Deferred`]) and clears `wanted`,
+    /// unless the stream has already read that sample along with others. A consumer that sets
+    /// `wanted` when it runs out of samples then reads some large samples itself, on its own
+    /// thread, while the stream's thread reads the next ones: the two threads share the
+    /// reading, in the proportion the consumer's spare time sets. A consumer busy with its own
+    /// work never sets it and gets every sample read. The iterator reads deferred samples
+    /// itself.
+    pub fn defer_on_demand(&mut self, wanted: Arc<AtomicBool>, min_bytes: u64) {
+        self.defer = Some(DeferOnDemand {
+            wanted,
+            min_bytes: min_bytes.max(1),
+        });
+    }
+
+    /// The next sample: read, or (see [`SampleStream::defer_on_demand`]) located for the caller
+    /// to read. `None` at the end of the stream and after its first error.
+    pub fn next_item(&mut self) -> Option<Result<StreamItem>> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(item) => item.map(Ok),
+            Err(e) => {
+                debug!(error = %e, "stream failed");
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
     }
 
     /// Samples this stream has yielded (this worker's count; `partition().consumed_after` turns
@@ -454,6 +563,48 @@ impl SampleStream {
         }
     }
 
+    /// Sample `i` of `shard` located, not read, when the consumer asks for one (see
+    /// [`SampleStream::defer_on_demand`]), it is large enough and not already in a buffer of the
+    /// stream; its bytes are on disk when it is returned.
+    fn defer(&mut self, shard: u32, i: u64) -> Result<Option<(ShardHandle, u64)>> {
+        let Some(defer) = &self.defer else {
+            return Ok(None);
+        };
+        let min_bytes = defer.min_bytes;
+        if !defer.wanted.load(Ordering::Acquire) || self.whole.contains_key(&shard) {
+            return Ok(None);
+        }
+        if self
+            .read
+            .as_ref()
+            .is_some_and(|r| r.shard == shard && (r.first..r.last).contains(&i))
+        {
+            return Ok(None);
+        }
+        let h = self.handle(shard)?;
+        let range = h.sample_range(i)?;
+        if range.end - range.start < min_bytes {
+            return Ok(None);
+        }
+        if let Some(defer) = &self.defer {
+            defer.wanted.store(false, Ordering::Release);
+        }
+        // As `read_sample`: the read buffer's budget goes back before any wait.
+        self.read = None;
+        if !h.is_complete() {
+            if h.readable() < range.end {
+                self.room_for_wait();
+            }
+            let started = Instant::now();
+            h.wait_for(range.end)?;
+            Metrics::add(
+                &self.ds.metrics.stall_nanos,
+                started.elapsed().as_nanos() as u64,
+            );
+        }
+        Ok(Some((h, range.end - range.start)))
+    }
+
     fn read_sample(&mut self, shard: u32, i: u64) -> Result<RawSample> {
         if let Some(w) = self.whole.get(&shard) {
             let (base, buf) = (w.base, Arc::clone(&w.buf));
@@ -575,7 +726,7 @@ impl SampleStream {
         ))
     }
 
-    fn step(&mut self) -> Result<Option<StreamedSample>> {
+    fn step(&mut self) -> Result<Option<StreamItem>> {
         if self.next >= self.len {
             self.slots.clear();
             self.current = None;
@@ -603,17 +754,32 @@ impl SampleStream {
         if self.next >= self.replan_at {
             self.plan(id.shard)?;
         }
-        let sample = self.read_sample(id.shard, id.index)?;
+        let item = match self.defer(id.shard, id.index)? {
+            Some((handle, len)) => StreamItem::Deferred(DeferredSample {
+                position,
+                index: id.sample,
+                padding,
+                handle,
+                in_shard: id.index,
+                len,
+                ds: Arc::clone(&self.ds),
+            }),
+            None => StreamItem::Read(StreamedSample {
+                position,
+                index: id.sample,
+                sample: self.read_sample(id.shard, id.index)?,
+                padding,
+            }),
+        };
+        let bytes = match &item {
+            StreamItem::Read(s) => s.sample.bytes().len() as u64,
+            StreamItem::Deferred(d) => d.len(),
+        };
         self.last = Some((id.shard, id.index));
         self.next += 1;
         Metrics::add(&self.ds.metrics.samples, 1);
-        Metrics::add(&self.ds.metrics.sample_bytes, sample.bytes().len() as u64);
-        Ok(Some(StreamedSample {
-            position,
-            index: id.sample,
-            sample,
-            padding,
-        }))
+        Metrics::add(&self.ds.metrics.sample_bytes, bytes);
+        Ok(Some(item))
     }
 }
 
@@ -629,18 +795,15 @@ impl Iterator for SampleStream {
     type Item = Result<StreamedSample>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
+        let streamed = match self.next_item()? {
+            Ok(StreamItem::Read(s)) => Ok(s),
+            Ok(StreamItem::Deferred(d)) => d.into_streamed(),
+            Err(e) => Err(e),
+        };
+        if streamed.is_err() {
+            self.failed = true;
         }
-        match self.step() {
-            Ok(Some(s)) => Some(Ok(s)),
-            Ok(None) => None,
-            Err(e) => {
-                debug!(error = %e, "stream failed");
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        Some(streamed)
     }
 }
 
