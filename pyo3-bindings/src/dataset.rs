@@ -7,6 +7,7 @@
 //! every [`POLL`], so Ctrl-C interrupts a blocked iteration.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ use shardstream_streamer::order::{
     EpochOrder, OrderConfig, Rank, Remainder, Sampling, StreamState, Weight, World,
 };
 use shardstream_streamer::{
-    Prefetch, RawSample, StreamPlan, StreamSpec, StreamerError, StreamingConfig, StreamingDataset,
+    DeferredSample, Prefetch, RawSample, StreamItem, StreamPlan, StreamSpec, StreamerError,
+    StreamingConfig, StreamingDataset,
 };
 
 use crate::arena::{self, SlotBytes, SlotWriter};
@@ -50,6 +52,13 @@ const CHANNEL_CHUNKS: usize = 2;
 /// the heap by all of them, fault every page in, and trim it again once they are freed (1 MB
 /// samples with `batch_size=64`: 190 against 100 µs a sample).
 const DECODE_BYTES: usize = 1 << 20;
+/// Smallest sample the Python thread reads itself when it has run out of samples (see
+/// `SampleStream::defer_on_demand`). A 1 MB sample read warm from the page cache took the
+/// reader thread 100-140 µs, against the Python thread's 50 µs to copy it into `bytes`: with
+/// one thread reading, the Python thread waited for half of every epoch. Below half a run of
+/// reads, handing a sample over costs more than its read, and the stream reads such samples
+/// several at a time.
+const DEFER_MIN_BYTES: u64 = 512 << 10;
 
 /// An opened dataset (native half of `shardstream.StreamingDataset`).
 #[pyclass(module = "shardstream._native", frozen)]
@@ -425,6 +434,7 @@ impl NativeDataset {
         d.set_item("samples", m.samples)?;
         d.set_item("sample_bytes", m.sample_bytes)?;
         d.set_item("sample_reads", m.sample_reads)?;
+        d.set_item("deferred_reads", m.deferred_reads)?;
         d.set_item("stall_seconds", m.stall_seconds)?;
         d.set_item("memory_in_use", m.memory_in_use)?;
         d.set_item("memory_limit", m.memory_limit)?;
@@ -516,6 +526,8 @@ impl NativeDataset {
         let ds = Arc::clone(&self.ds);
         let decoder = Arc::clone(&self.decoder);
         let (tx, rx) = sync_channel::<Chunk>(CHANNEL_CHUNKS);
+        let wanted = Arc::new(AtomicBool::new(false));
+        let reader_wanted = Arc::clone(&wanted);
         let reader_decoder = Arc::clone(&decoder);
         let reader_ds = Arc::clone(&self.ds);
         let chunk_bytes = self.chunk_bytes;
@@ -524,19 +536,27 @@ impl NativeDataset {
             .spawn(move || {
                 // Made here, not on the Python thread: opening may wait on storage, and the
                 // Python side waits interruptibly on the channel.
-                let stream = match ds.stream(plan) {
+                let mut stream = match ds.stream(plan) {
                     Ok(stream) => stream,
                     Err(e) => {
                         let _ = tx.send(Err(from_streamer(e)));
                         return;
                     }
                 };
+                stream.defer_on_demand(reader_wanted, DEFER_MIN_BYTES);
                 let mut chunk: Vec<Item> = Vec::new();
                 let mut bytes = 0usize;
                 let mut target = 1usize;
-                for next in stream {
+                while let Some(next) = stream.next_item() {
+                    // A sample left unread goes out at once: the Python thread asked for it
+                    // because it had nothing else to do.
+                    let mut send_now = false;
                     let item = match next {
-                        Ok(s) => {
+                        Ok(StreamItem::Deferred(d)) => {
+                            send_now = true;
+                            Ok(Item::Deferred(d))
+                        }
+                        Ok(StreamItem::Read(s)) => {
                             bytes += s.sample.bytes().len();
                             if raw {
                                 Ok(Item::Raw(s.sample))
@@ -561,7 +581,7 @@ impl NativeDataset {
                             return;
                         }
                     }
-                    if failed || chunk.len() >= target || bytes >= chunk_bytes {
+                    if send_now || failed || chunk.len() >= target || bytes >= chunk_bytes {
                         if tx.send(Ok(std::mem::take(&mut chunk))).is_err() {
                             return;
                         }
@@ -581,6 +601,7 @@ impl NativeDataset {
         Ok(NativeStream {
             rx: Mutex::new(Some(rx)),
             pending: Mutex::new(VecDeque::new()),
+            wanted,
             decoder,
             ds: Arc::clone(&self.ds),
             batch_buffers: Arc::clone(&self.batch_buffers),
@@ -717,6 +738,8 @@ enum Item {
     /// A decoded sample and its global index.
     Parsed(u64, ParsedSample),
     Raw(RawSample),
+    /// A sample for the Python thread to read (see [`NativeStream::wanted`]).
+    Deferred(DeferredSample),
 }
 
 impl Item {
@@ -725,6 +748,7 @@ impl Item {
         match self {
             Item::Parsed(_, p) => p.stored_bytes(),
             Item::Raw(raw) => raw.bytes().len(),
+            Item::Deferred(d) => d.len() as usize,
         }
     }
 }
@@ -737,12 +761,28 @@ type Chunk = Result<Vec<Item>, PyErr>;
 pub struct NativeStream {
     rx: Mutex<Option<Receiver<Chunk>>>,
     pending: Mutex<VecDeque<Item>>,
+    /// Set while the Python thread waits for samples: the reader thread then leaves the next
+    /// large sample unread for the Python thread to read (`SampleStream::defer_on_demand`).
+    wanted: Arc<AtomicBool>,
     decoder: Arc<Decoder>,
     ds: Arc<StreamingDataset>,
     batch_buffers: Arc<BufferPool>,
 }
 
 impl NativeStream {
+    /// Reads a sample the reader thread left for this thread (see [`NativeStream::wanted`]) and
+    /// passes it through `then` (the decoding the reader thread would have done), with the GIL
+    /// released. An error ends the stream, as the reader thread's errors do.
+    fn read_deferred<T: Send>(
+        &self,
+        py: Python<'_>,
+        d: DeferredSample,
+        then: impl FnOnce(RawSample) -> PyResult<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| d.read().map_err(from_streamer).and_then(then))
+            .inspect_err(|_| self.close())
+    }
+
     /// Takes up to `n` items, and past the first no more once they hold `max_bytes` of stored
     /// bytes, waiting (GIL released, signals checked) until at least `wait_for` (at most `n`)
     /// are there, the byte bound is reached, or the stream ends.
@@ -776,9 +816,14 @@ impl NativeStream {
             let Some(rx) = rx_guard.as_ref() else {
                 return Ok(out);
             };
+            // About to wait: the reader thread may leave its next large sample to this thread.
+            if rx.is_empty() {
+                self.wanted.store(true, Ordering::Release);
+            }
             let got = py.detach(|| rx.recv_timeout(POLL));
             match got {
                 Ok(Ok(chunk)) => {
+                    self.wanted.store(false, Ordering::Release);
                     let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                     pending.extend(chunk);
                 }
@@ -821,6 +866,13 @@ impl NativeStream {
                 Item::Raw(raw) => {
                     let index = raw.index();
                     let parsed = parse_raw(&self.decoder, raw, &self.ds).map_err(from_format)?;
+                    (index, parsed)
+                }
+                Item::Deferred(d) => {
+                    let (index, decoder, ds) = (d.index, &self.decoder, &self.ds);
+                    let parsed = self.read_deferred(py, d, |raw| {
+                        parse_raw(decoder, raw, ds).map_err(from_format)
+                    })?;
                     (index, parsed)
                 }
             };
@@ -881,6 +933,7 @@ impl NativeStream {
                 .into_iter()
                 .map(|item| match item {
                     Item::Raw(r) => Ok(r),
+                    Item::Deferred(d) => self.read_deferred(py, d, Ok),
                     Item::Parsed(..) => Err(PyValueError::new_err(
                         "this stream decodes samples; open it with raw=True for column batches",
                     )),
