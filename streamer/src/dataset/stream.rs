@@ -412,6 +412,25 @@ impl SampleStream {
         self.whole_bytes = 0;
     }
 
+    /// Waits until the first `end` bytes of a shard still downloading are on disk, making room
+    /// in the budget first if it must wait (see [`SampleStream::room_for_wait`]); the wait counts
+    /// as a stall.
+    fn wait_readable(&mut self, h: &ShardHandle, end: u64) -> Result<()> {
+        if h.is_complete() {
+            return Ok(());
+        }
+        if h.readable() < end {
+            self.room_for_wait();
+        }
+        let started = Instant::now();
+        h.wait_for(end)?;
+        Metrics::add(
+            &self.ds.metrics.stall_nanos,
+            started.elapsed().as_nanos() as u64,
+        );
+        Ok(())
+    }
+
     /// Before a wait that a download or decoder (which may need budget) could be holding up:
     /// gives the whole shards' bytes back unless the budget has room for the largest buffer
     /// either takes at once. Dropping them on every wait would read them again and again while
@@ -591,17 +610,7 @@ impl SampleStream {
         }
         // As `read_sample`: the read buffer's budget goes back before any wait.
         self.read = None;
-        if !h.is_complete() {
-            if h.readable() < range.end {
-                self.room_for_wait();
-            }
-            let started = Instant::now();
-            h.wait_for(range.end)?;
-            Metrics::add(
-                &self.ds.metrics.stall_nanos,
-                started.elapsed().as_nanos() as u64,
-            );
-        }
+        self.wait_readable(&h, range.end)?;
         Ok(Some((h, range.end - range.start)))
     }
 
@@ -634,17 +643,7 @@ impl SampleStream {
         // A shard still downloading: wait for this sample's bytes before taking any budget
         // (the download needs budget to make progress), and read no further than what is
         // there, so the sample is served as soon as it has arrived.
-        if !h.is_complete() {
-            if h.readable() < first.end {
-                self.room_for_wait();
-            }
-            let started = Instant::now();
-            h.wait_for(first.end)?;
-            Metrics::add(
-                &self.ds.metrics.stall_nanos,
-                started.elapsed().as_nanos() as u64,
-            );
-        }
+        self.wait_readable(&h, first.end)?;
         let readable = h.readable();
         let mut last = i + 1;
         if sequential {
