@@ -860,13 +860,23 @@ impl NativeStream {
         // sample back until a whole batch had been read (64 MB of 1 MB samples).
         let items = self.take(py, n.max(1), 1, DECODE_BYTES)?;
         let list = PyList::empty(py);
-        for item in items {
+        let mut items = items.into_iter();
+        while let Some(item) = items.next() {
             let (index, parsed) = match item {
                 Item::Parsed(index, p) => (index, p),
                 Item::Raw(raw) => {
                     let index = raw.index();
                     let parsed = parse_raw(&self.decoder, raw, &self.ds).map_err(from_format)?;
                     (index, parsed)
+                }
+                // Read first in the next call: the samples made so far reach Python even if
+                // this read fails, as samples before a reader thread's error do.
+                Item::Deferred(d) if !list.is_empty() => {
+                    let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    for item in std::iter::once(Item::Deferred(d)).chain(items).rev() {
+                        pending.push_front(item);
+                    }
+                    break;
                 }
                 Item::Deferred(d) => {
                     let (index, decoder, ds) = (d.index, &self.decoder, &self.ds);

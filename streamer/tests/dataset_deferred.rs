@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{check_sample, node_config, served, write_dataset, Spec};
-use shardstream_streamer::order::OrderConfig;
+use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{
     RawSample, SampleStream, StreamItem, StreamPlan, StreamingConfig, StreamingDataset,
 };
@@ -54,12 +54,16 @@ fn plan(shuffle: bool) -> StreamPlan {
     )
 }
 
-/// What one stream yielded: `(global index, position, sample bytes)` in order, and how many of
-/// them the consumer read itself.
+/// What one stream yielded in order, and how many of its samples the consumer read itself.
 struct Yielded {
-    samples: Vec<(u64, u64, Vec<u8>)>,
+    samples: Vec<Item>,
     deferred: usize,
+    /// The numbers (from 0) of the items that were deferred.
+    deferred_at: Vec<usize>,
 }
+
+/// A yielded sample: global index, position, whether it is padding, its bytes.
+type Item = (u64, u64, bool, Vec<u8>);
 
 /// Drains `stream`, setting the request flag before the items `ask` picks (by their number) and
 /// reading every deferred sample on a thread of its own, as the Python binding's consumer does;
@@ -68,11 +72,13 @@ fn drain(
     mut stream: SampleStream,
     wanted: &AtomicBool,
     len: usize,
+    min_bytes: u64,
     ask: impl Fn(usize) -> bool,
 ) -> Yielded {
     let mut out = Yielded {
         samples: Vec::new(),
         deferred: 0,
+        deferred_at: Vec::new(),
     };
     let mut n = 0;
     loop {
@@ -83,37 +89,39 @@ fn drain(
             break;
         };
         n += 1;
-        let (index, position, raw): (u64, u64, RawSample) = match item.unwrap() {
-            StreamItem::Read(s) => (s.index, s.position, s.sample),
+        let (index, position, padding, raw): (u64, u64, bool, RawSample) = match item.unwrap() {
+            StreamItem::Read(s) => (s.index, s.position, s.padding, s.sample),
             StreamItem::Deferred(d) => {
                 assert!(
                     !wanted.load(Ordering::Acquire),
                     "a deferred sample answers one request"
                 );
-                assert!(d.len() >= MIN_BYTES, "only large samples are deferred");
+                assert!(d.len() >= min_bytes, "only large samples are deferred");
                 out.deferred += 1;
-                let (index, position) = (d.index, d.position);
+                out.deferred_at.push(n - 1);
+                let (index, position, padding) = (d.index, d.position, d.padding);
                 let raw = std::thread::spawn(move || d.read())
                     .join()
                     .unwrap()
                     .unwrap();
-                (index, position, raw)
+                (index, position, padding, raw)
             }
         };
         assert_eq!(raw.index(), index);
         check_sample(index, &raw.decode().unwrap(), len);
-        out.samples.push((index, position, raw.bytes().to_vec()));
+        out.samples
+            .push((index, position, padding, raw.bytes().to_vec()));
     }
     out
 }
 
 /// The same plan read by the plain iterator: the reference.
-fn reference(ds: &StreamingDataset, plan: StreamPlan) -> Vec<(u64, u64, Vec<u8>)> {
+fn reference(ds: &StreamingDataset, plan: StreamPlan) -> Vec<Item> {
     ds.stream(plan)
         .unwrap()
         .map(|s| {
             let s = s.unwrap();
-            (s.index, s.position, s.sample.bytes().to_vec())
+            (s.index, s.position, s.padding, s.sample.bytes().to_vec())
         })
         .collect()
 }
@@ -135,7 +143,9 @@ fn deferred_samples_are_the_streams_own_in_order_and_shuffled() {
         let wanted = Arc::new(AtomicBool::new(false));
         let mut stream = ds.stream(plan(shuffle)).unwrap();
         stream.defer_on_demand(Arc::clone(&wanted), MIN_BYTES);
-        let got = drain(stream, &wanted, spec.sample_bytes, |n| n % 2 == 0);
+        let got = drain(stream, &wanted, spec.sample_bytes, MIN_BYTES, |n| {
+            n % 2 == 0
+        });
         assert_eq!(got.samples, expected, "shuffle={shuffle}");
         assert!(
             got.deferred >= 8 && got.deferred < expected.len(),
@@ -153,7 +163,7 @@ fn deferred_samples_are_the_streams_own_in_order_and_shuffled() {
         let wanted = Arc::new(AtomicBool::new(false));
         let mut stream = ds.stream(plan(shuffle)).unwrap();
         stream.defer_on_demand(Arc::clone(&wanted), MIN_BYTES);
-        let got = drain(stream, &wanted, spec.sample_bytes, |_| false);
+        let got = drain(stream, &wanted, spec.sample_bytes, MIN_BYTES, |_| false);
         assert_eq!((got.samples, got.deferred), (expected.clone(), 0));
 
         // Asked every time, but the samples are below the size: none deferred, the request
@@ -161,11 +171,70 @@ fn deferred_samples_are_the_streams_own_in_order_and_shuffled() {
         let wanted = Arc::new(AtomicBool::new(false));
         let mut stream = ds.stream(plan(shuffle)).unwrap();
         stream.defer_on_demand(Arc::clone(&wanted), 1 << 20);
-        let got = drain(stream, &wanted, spec.sample_bytes, |_| true);
+        let got = drain(stream, &wanted, spec.sample_bytes, 1 << 20, |_| true);
         assert_eq!((got.samples, got.deferred), (expected, 0));
         assert!(wanted.load(Ordering::Acquire));
     }
     assert_eq!(ds.metrics().memory_in_use, 0, "the budget is given back");
+}
+
+#[test]
+fn samples_already_in_a_run_buffer_are_never_deferred_and_padding_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    // 300 kB samples: an in-order run of 1 MiB reads three at a time. 25 samples over two
+    // processes: one padding repeat.
+    let spec = Spec {
+        sample_bytes: 300_000,
+        ..large(25)
+    };
+    write_dataset(dir.path(), &spec);
+    let ds = StreamingDataset::open(in_place(dir.path(), cache.path())).unwrap();
+    let min_bytes = 256 << 10;
+
+    // In order, asked before items 1, 4, 7, ...: sample 0 is read alone (no run before it),
+    // sample 1 is deferred, the stream reads 2-4 as one run, so the ask before item 4 meets a
+    // buffered sample and stays up until sample 5, the next the stream would read itself.
+    let expected = reference(&ds, plan(false));
+    let wanted = Arc::new(AtomicBool::new(false));
+    let mut stream = ds.stream(plan(false)).unwrap();
+    stream.defer_on_demand(Arc::clone(&wanted), min_bytes);
+    let got = drain(stream, &wanted, spec.sample_bytes, min_bytes, |n| {
+        n % 3 == 1
+    });
+    assert_eq!(got.samples, expected);
+    assert_eq!(got.deferred_at[..2], [1, 5], "{:?}", got.deferred_at);
+    assert!(
+        got.deferred <= 9,
+        "at most one per ask: {:?}",
+        got.deferred_at
+    );
+
+    // Two processes, shuffled, every other item asked: each rank's sequence, padding included.
+    let world = World::new(1, 2, 1, 1).unwrap();
+    let mut padding = 0;
+    for local_process in 0..2 {
+        let plan = StreamPlan {
+            world,
+            rank: Rank {
+                node: 0,
+                local_process,
+                worker: 0,
+            },
+            ..plan(true)
+        };
+        let expected = reference(&ds, plan);
+        let wanted = Arc::new(AtomicBool::new(false));
+        let mut stream = ds.stream(plan).unwrap();
+        stream.defer_on_demand(Arc::clone(&wanted), min_bytes);
+        let got = drain(stream, &wanted, spec.sample_bytes, min_bytes, |n| {
+            n % 2 == 0
+        });
+        assert_eq!(got.samples, expected, "rank {local_process}");
+        assert!(got.deferred > 0, "rank {local_process}");
+        padding += got.samples.iter().filter(|s| s.2).count();
+    }
+    assert_eq!(padding, 1, "one padding repeat in the epoch");
 }
 
 #[test]
@@ -185,12 +254,18 @@ fn deferred_samples_cold_from_moto_while_shards_arrive() {
         let wanted = Arc::new(AtomicBool::new(false));
         let mut stream = ds.stream(plan(shuffle)).unwrap();
         stream.defer_on_demand(Arc::clone(&wanted), MIN_BYTES);
-        let got = drain(stream, &wanted, spec.sample_bytes, |_| true);
+        let got = drain(stream, &wanted, spec.sample_bytes, MIN_BYTES, |_| true);
         assert_eq!(got.samples.len() as u64, spec.samples, "shuffle={shuffle}");
         assert!(got.deferred > 0, "shuffle={shuffle}");
-        let mut seen: Vec<u64> = got.samples.iter().map(|(i, _, _)| *i).collect();
+        let mut seen: Vec<u64> = got.samples.iter().map(|(i, ..)| *i).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..spec.samples).collect::<Vec<_>>());
+        // The cached epoch, read by the plain iterator, is the same sequence.
+        assert_eq!(
+            got.samples,
+            reference(&ds, plan(shuffle)),
+            "shuffle={shuffle}"
+        );
     }
     assert!(
         ds.metrics().fetch_bytes > 0,

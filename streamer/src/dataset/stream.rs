@@ -164,6 +164,13 @@ struct DeferOnDemand {
     min_bytes: u64,
 }
 
+/// A sample as `SampleStream::read_sample` serves it: read, or left for the consumer with its
+/// shard and its length.
+enum Sampled {
+    Read(RawSample),
+    Deferred(ShardHandle, u64),
+}
+
 /// What [`SampleStream::next_item`] yields.
 #[derive(Debug)]
 pub enum StreamItem {
@@ -582,42 +589,13 @@ impl SampleStream {
         }
     }
 
-    /// Sample `i` of `shard` located, not read, when the consumer asks for one (see
-    /// [`SampleStream::defer_on_demand`]), it is large enough and not already in a buffer of the
-    /// stream; its bytes are on disk when it is returned.
-    fn defer(&mut self, shard: u32, i: u64) -> Result<Option<(ShardHandle, u64)>> {
-        let Some(defer) = &self.defer else {
-            return Ok(None);
-        };
-        let min_bytes = defer.min_bytes;
-        if !defer.wanted.load(Ordering::Acquire) || self.whole.contains_key(&shard) {
-            return Ok(None);
-        }
-        if self
-            .read
-            .as_ref()
-            .is_some_and(|r| r.shard == shard && (r.first..r.last).contains(&i))
-        {
-            return Ok(None);
-        }
-        let h = self.handle(shard)?;
-        let range = h.sample_range(i)?;
-        if range.end - range.start < min_bytes {
-            return Ok(None);
-        }
-        if let Some(defer) = &self.defer {
-            defer.wanted.store(false, Ordering::Release);
-        }
-        // As `read_sample`: the read buffer's budget goes back before any wait.
-        self.read = None;
-        self.wait_readable(&h, range.end)?;
-        Ok(Some((h, range.end - range.start)))
-    }
-
-    fn read_sample(&mut self, shard: u32, i: u64) -> Result<RawSample> {
+    /// Sample `i` of `shard`: from a buffer of the stream, read, or (see
+    /// [`SampleStream::defer_on_demand`]) located for the consumer to read, with its bytes on
+    /// disk.
+    fn read_sample(&mut self, shard: u32, i: u64) -> Result<Sampled> {
         if let Some(w) = self.whole.get(&shard) {
             let (base, buf) = (w.base, Arc::clone(&w.buf));
-            return cut(&self.handle(shard)?, i, base, buf);
+            return cut(&self.handle(shard)?, i, base, buf).map(Sampled::Read);
         }
         let buffered = self
             .read
@@ -625,7 +603,7 @@ impl SampleStream {
             .filter(|r| r.shard == shard && (r.first..r.last).contains(&i))
             .map(|r| (r.base, Arc::clone(&r.buf)));
         if let Some((base, buf)) = buffered {
-            return cut(&self.handle(shard)?, i, base, buf);
+            return cut(&self.handle(shard)?, i, base, buf).map(Sampled::Read);
         }
         // Give the read buffer's bytes back to the budget before waiting for a fetch that may
         // need them. Its allocation returns to the dataset's `read_buffers` once the consumer
@@ -636,7 +614,7 @@ impl SampleStream {
         let sequential = self.last == Some((shard, i.wrapping_sub(1)));
         if !sequential {
             if let Some(sample) = self.read_whole(shard, &h, i)? {
-                return Ok(sample);
+                return Ok(Sampled::Read(sample));
             }
         }
         let first = h.sample_range(i)?;
@@ -644,6 +622,9 @@ impl SampleStream {
         // (the download needs budget to make progress), and read no further than what is
         // there, so the sample is served as soon as it has arrived.
         self.wait_readable(&h, first.end)?;
+        if self.take_request(first.end - first.start) {
+            return Ok(Sampled::Deferred(h, first.end - first.start));
+        }
         let readable = h.readable();
         let mut last = i + 1;
         if sequential {
@@ -674,7 +655,18 @@ impl SampleStream {
             buf,
             _lease: lease,
         });
-        Ok(sample)
+        Ok(Sampled::Read(sample))
+    }
+
+    /// Whether the consumer asked for a sample to read (see
+    /// [`SampleStream::defer_on_demand`]) and one of `bytes` is large enough; if so the request
+    /// is taken (cleared). Costs one comparison for a small sample.
+    fn take_request(&self, bytes: u64) -> bool {
+        self.defer.as_ref().is_some_and(|d| {
+            bytes >= d.min_bytes
+                && d.wanted.load(Ordering::Relaxed)
+                && d.wanted.swap(false, Ordering::AcqRel)
+        })
     }
 
     /// Reads all of shard `shard` for sample `i` when the stream keeps whole shards and this one
@@ -753,8 +745,14 @@ impl SampleStream {
         if self.next >= self.replan_at {
             self.plan(id.shard)?;
         }
-        let item = match self.defer(id.shard, id.index)? {
-            Some((handle, len)) => StreamItem::Deferred(DeferredSample {
+        let item = match self.read_sample(id.shard, id.index)? {
+            Sampled::Read(sample) => StreamItem::Read(StreamedSample {
+                position,
+                index: id.sample,
+                sample,
+                padding,
+            }),
+            Sampled::Deferred(handle, len) => StreamItem::Deferred(DeferredSample {
                 position,
                 index: id.sample,
                 padding,
@@ -762,12 +760,6 @@ impl SampleStream {
                 in_shard: id.index,
                 len,
                 ds: Arc::clone(&self.ds),
-            }),
-            None => StreamItem::Read(StreamedSample {
-                position,
-                index: id.sample,
-                sample: self.read_sample(id.shard, id.index)?,
-                padding,
             }),
         };
         let bytes = match &item {
