@@ -131,15 +131,12 @@ impl DeferredSample {
         self.len == 0
     }
 
-    /// Reads the sample as the stream would have: one `pread` into a buffer of the dataset's
-    /// pool; errors name the shard file.
+    /// Reads the sample: one `pread` of it into a buffer of the dataset's pool; errors name the
+    /// shard file.
     pub fn read(self) -> Result<RawSample> {
-        let mut alloc = self.ds.read_buffers.take_read(self.len as usize);
         let i = self.in_shard;
-        let base = self.handle.read_run(i, i + 1, &mut alloc)?;
-        Metrics::add(&self.ds.metrics.sample_reads, 1);
+        let (base, buf) = read_pooled(&self.ds, &self.handle, i, i + 1, self.len)?;
         Metrics::add(&self.ds.metrics.deferred_reads, 1);
-        let buf = Arc::new(PooledBuffer::pooled_read(alloc, &self.ds.read_buffers));
         cut(&self.handle, i, base, buf)
     }
 
@@ -645,7 +642,7 @@ impl SampleStream {
                 self.budget.acquire_blocking(&what, bytes)?
             }
         };
-        let (base, buf) = self.read_pooled(&h, i, last, bytes)?;
+        let (base, buf) = read_pooled(&self.ds, &h, i, last, bytes)?;
         let sample = cut(&h, i, base, Arc::clone(&buf))?;
         self.read = Some(ReadBuf {
             shard,
@@ -684,7 +681,7 @@ impl SampleStream {
         let Some(lease) = self.budget.try_acquire(bytes) else {
             return Ok(None);
         };
-        let (base, buf) = self.read_pooled(h, 0, n, bytes)?;
+        let (base, buf) = read_pooled(&self.ds, h, 0, n, bytes)?;
         let sample = cut(h, i, base, Arc::clone(&buf))?;
         self.whole.insert(
             shard,
@@ -697,24 +694,6 @@ impl SampleStream {
         );
         self.whole_bytes += bytes;
         Ok(Some(sample))
-    }
-
-    /// Reads samples `first..last` (`bytes` of them) with one `pread` into an allocation from
-    /// the dataset's pool; returns the file offset of its first byte and the buffer.
-    fn read_pooled(
-        &self,
-        h: &ShardHandle,
-        first: u64,
-        last: u64,
-        bytes: u64,
-    ) -> Result<(u64, Arc<PooledBuffer>)> {
-        let mut alloc = self.ds.read_buffers.take_read(bytes as usize);
-        let base = h.read_run(first, last, &mut alloc)?;
-        Metrics::add(&self.ds.metrics.sample_reads, 1);
-        Ok((
-            base,
-            Arc::new(PooledBuffer::pooled_read(alloc, &self.ds.read_buffers)),
-        ))
     }
 
     fn step(&mut self) -> Result<Option<StreamItem>> {
@@ -772,6 +751,24 @@ impl SampleStream {
         Metrics::add(&self.ds.metrics.sample_bytes, bytes);
         Ok(Some(item))
     }
+}
+
+/// Reads samples `first..last` of `h` (`bytes` of them) with one `pread` into an allocation from
+/// the dataset's pool; returns the file offset of its first byte and the buffer.
+fn read_pooled(
+    ds: &Inner,
+    h: &ShardHandle,
+    first: u64,
+    last: u64,
+    bytes: u64,
+) -> Result<(u64, Arc<PooledBuffer>)> {
+    let mut alloc = ds.read_buffers.take_read(bytes as usize);
+    let base = h.read_run(first, last, &mut alloc)?;
+    Metrics::add(&ds.metrics.sample_reads, 1);
+    Ok((
+        base,
+        Arc::new(PooledBuffer::pooled_read(alloc, &ds.read_buffers)),
+    ))
 }
 
 /// Sample `i` of `h` out of a buffer that holds the shard file's bytes from offset `base`.
