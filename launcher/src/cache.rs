@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 
 use crate::error::{io_err, LauncherError, Result};
 use crate::lock::{lock_shared, open_lock_file};
-use crate::resolve::{Resolved, CACHE_DIR_ENV, CACHE_ROOT_ENV};
+use shardstream_identity::Resolved;
 
 /// The marker file naming the folder's run and node.
 pub const MARKER_FILE: &str = "SHARDSTREAM-RUN";
@@ -34,49 +34,6 @@ pub const STREAMER_OPEN_LOCK: &str = "cache.lock";
 
 /// How often [`prepare_cache_dir`] retries when a concurrent gc moves the folder away.
 const PREPARE_ATTEMPTS: u32 = 3;
-
-/// The cache root when neither a flag nor `SHARDSTREAM_CACHE_ROOT` names one:
-/// `$XDG_CACHE_HOME/shardstream`, else `$HOME/.cache/shardstream`, else
-/// `/tmp/shardstream-cache`. The deploy manifests always set it (or the folder itself).
-pub fn default_cache_root(env: &impl Fn(&str) -> Option<String>) -> PathBuf {
-    let get = |name: &str| env(name).filter(|v| !v.is_empty());
-    if let Some(root) = get(CACHE_ROOT_ENV) {
-        return PathBuf::from(root);
-    }
-    if let Some(xdg) = get("XDG_CACHE_HOME") {
-        return Path::new(&xdg).join("shardstream");
-    }
-    if let Some(home) = get("HOME") {
-        return Path::new(&home).join(".cache").join("shardstream");
-    }
-    PathBuf::from("/tmp/shardstream-cache")
-}
-
-/// `<root>/<run-id>/<node-rank>`.
-pub fn cache_dir(root: &Path, resolved: &Resolved) -> PathBuf {
-    root.join(&resolved.run_id)
-        .join(resolved.node_rank.to_string())
-}
-
-/// Where this node's cache folder is, in order:
-/// 1. `<flag_root>/<run-id>/<node-rank>` when `--cache-root` is given;
-/// 2. `SHARDSTREAM_CACHE_DIR` as is: the folder was keyed outside, by a volume mounted with
-///    `subPathExpr: $(SHARDSTREAM_RUN_ID)/$(SHARDSTREAM_NODE_RANK)` (deploy/), or by a parent
-///    `shardstream run` that exported it;
-/// 3. `<SHARDSTREAM_CACHE_ROOT or the default root>/<run-id>/<node-rank>`.
-pub fn locate_cache_dir(
-    flag_root: Option<&Path>,
-    resolved: &Resolved,
-    env: &impl Fn(&str) -> Option<String>,
-) -> PathBuf {
-    if let Some(root) = flag_root {
-        return cache_dir(root, resolved);
-    }
-    if let Some(dir) = env(CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    cache_dir(&default_cache_root(env), resolved)
-}
 
 /// What `SHARDSTREAM-RUN` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -230,7 +187,8 @@ fn write_marker(dir: &Path, marker: &Marker) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::Source;
+    use shardstream_identity::node_dir;
+    use shardstream_identity::Source;
 
     fn resolved(run: &str, node: u32) -> Resolved {
         Resolved {
@@ -242,56 +200,11 @@ mod tests {
         }
     }
 
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn keyed_by_run_and_node() {
-        assert_eq!(
-            cache_dir(Path::new("/efs"), &resolved("run1", 3)),
-            PathBuf::from("/efs/run1/3")
-        );
-    }
-
-    #[test]
-    fn location_precedence() {
-        let r = resolved("r", 1);
-        let env = env_of(&[
-            ("SHARDSTREAM_CACHE_DIR", "/mnt/node"),
-            ("SHARDSTREAM_CACHE_ROOT", "/root"),
-            ("HOME", "/home/u"),
-        ]);
-        assert_eq!(
-            locate_cache_dir(Some(Path::new("/flag")), &r, &env),
-            PathBuf::from("/flag/r/1")
-        );
-        assert_eq!(locate_cache_dir(None, &r, &env), PathBuf::from("/mnt/node"));
-        let env = env_of(&[("SHARDSTREAM_CACHE_ROOT", "/root"), ("HOME", "/home/u")]);
-        assert_eq!(locate_cache_dir(None, &r, &env), PathBuf::from("/root/r/1"));
-        let env = env_of(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/home/u")]);
-        assert_eq!(default_cache_root(&env), PathBuf::from("/xdg/shardstream"));
-        let env = env_of(&[("SHARDSTREAM_CACHE_DIR", ""), ("HOME", "/home/u")]);
-        assert_eq!(
-            locate_cache_dir(None, &r, &env),
-            PathBuf::from("/home/u/.cache/shardstream/r/1")
-        );
-        assert_eq!(
-            default_cache_root(&env_of(&[])),
-            PathBuf::from("/tmp/shardstream-cache")
-        );
-    }
-
     #[test]
     fn prepare_writes_marker_and_reuses_it() {
         let root = tempfile::tempdir().unwrap();
         let r = resolved("run1", 0);
-        let dir = cache_dir(root.path(), &r);
+        let dir = node_dir(root.path(), "run1", 0).unwrap();
         let first = prepare_cache_dir(&dir, &r).unwrap();
         let marker = read_marker(&dir).unwrap().unwrap();
         assert_eq!(marker.run_id, "run1");
@@ -336,7 +249,7 @@ mod tests {
     fn dropping_the_lease_stamps_the_marker() {
         let root = tempfile::tempdir().unwrap();
         let r = resolved("run1", 0);
-        let dir = cache_dir(root.path(), &r);
+        let dir = node_dir(root.path(), "run1", 0).unwrap();
         let lease = prepare_cache_dir(&dir, &r).unwrap();
         let old = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
         File::options()

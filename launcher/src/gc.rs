@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use crate::cache::{LEASE_LOCK_FILE, MARKER_FILE, STREAMER_MARKER_FILE, STREAMER_OPEN_LOCK};
 use crate::error::{io_err, Result};
 use crate::lock::{open_existing, try_lock_exclusive};
-use crate::resolve::validate_run_id;
+use shardstream_identity::validate_run_id;
 
 const TOMBSTONE_PREFIX: &str = ".gc-";
 
@@ -227,9 +227,9 @@ fn tree_size(path: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{cache_dir, prepare_cache_dir};
+    use crate::cache::prepare_cache_dir;
     use crate::lock::{lock_shared, open_lock_file};
-    use crate::resolve::{Resolved, Source};
+    use shardstream_identity::{node_dir, Resolved, Source};
 
     fn resolved(run: &str, node: u32) -> Resolved {
         Resolved {
@@ -244,7 +244,7 @@ mod tests {
     fn make_run(root: &Path, run: &str, nodes: &[u32]) {
         for &n in nodes {
             let r = resolved(run, n);
-            let dir = cache_dir(root, &r);
+            let dir = node_dir(root, run, n).unwrap();
             drop(prepare_cache_dir(&dir, &r).unwrap());
             fs::write(dir.join("shard.bin"), vec![0u8; 1000]).unwrap();
         }
@@ -275,7 +275,8 @@ mod tests {
     fn never_removes_a_run_with_a_live_lease() {
         let root = tempfile::tempdir().unwrap();
         let r = resolved("live", 0);
-        let lease = prepare_cache_dir(&cache_dir(root.path(), &r), &r).unwrap();
+        let lease =
+            prepare_cache_dir(&node_dir(root.path(), &r.run_id, r.node_rank).unwrap(), &r).unwrap();
         let report = cache_gc(root.path(), |_| true, false).unwrap();
         assert_eq!(report.busy, vec!["live".to_string()]);
         assert!(report.removed.is_empty());

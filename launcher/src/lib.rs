@@ -2,10 +2,11 @@
 //! prepare the node's cache folder, start the command (torchrun) under supervision, and clean
 //! up; plus `shardstream cache gc`. No argument parsing: the CLI maps its flags onto this.
 //!
-//! - [`resolve`] / [`resolve_with`]: run id and node rank from the environment of any common
-//!   launcher (Indexed Job, JobSet, PyTorchJob, TrainJob, torchrun), DESIGN.md §4.
-//! - [`locate_cache_dir`], [`prepare_cache_dir`]: `<cache-root>/<run-id>/<node-rank>/` with a
-//!   marker that keeps two runs apart, and a [`RunLease`] that keeps the gc away.
+//! - [`resolve_with`], [`locate_resolved`] (from `shardstream-identity`, re-exported): run id
+//!   and node rank from the environment of any common launcher, and the node's folder
+//!   `<cache-root>/<run-id>/<node-rank>/`.
+//! - [`prepare_cache_dir`]: that folder with a marker that keeps two runs apart, and a
+//!   [`RunLease`] that keeps the gc away.
 //! - [`Supervisor`]: runs the command in its own process group, forwards `SIGTERM`/`SIGINT`/
 //!   `SIGHUP`, kills after a grace period, returns the exit code, runs shutdown hooks.
 //! - [`start_mount`]: a `--mount DATASET:PATH` served by `shardstream mount` for the
@@ -14,12 +15,15 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use shardstream_launcher::{locate_cache_dir, os_env, prepare_cache_dir, resolve_with, Overrides, Supervisor};
+//! use shardstream_launcher::{
+//!     locate_resolved, os_env, prepare_cache_dir, resolve_with, CacheOverrides, Supervisor,
+//! };
 //!
 //! # fn main() -> Result<(), shardstream_launcher::LauncherError> {
-//! let resolved = resolve_with(&Overrides::default(), &os_env)?;
+//! let overrides = CacheOverrides::default();
+//! let resolved = resolve_with(&overrides.run, &os_env)?;
 //! resolved.log();
-//! let dir = locate_cache_dir(None, &resolved, &os_env);
+//! let dir = locate_resolved(&overrides, &resolved, &os_env)?;
 //! let lease = prepare_cache_dir(&dir, &resolved)?;
 //! let outcome = Supervisor::new(["torchrun", "--nproc-per-node=8", "train.py"])?
 //!     .export_resolved(&resolved, lease.dir())
@@ -37,20 +41,20 @@ pub mod gc;
 pub mod hooks;
 mod lock;
 pub mod mount;
-pub mod resolve;
 pub mod signals;
 pub mod supervise;
 
-pub use cache::{
-    cache_dir, default_cache_root, locate_cache_dir, prepare_cache_dir, read_marker, Marker,
-    RunLease,
-};
+pub use cache::{prepare_cache_dir, read_marker, Marker, RunLease};
 pub use error::{LauncherError, Result};
 pub use gc::{cache_gc, list_runs, GcReport, RunDir};
 pub use hooks::{HookReport, HookResult};
 pub use mount::{start_mount, Mount, MountSpec};
-pub use resolve::{
-    os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank, Resolved, Source,
+// Run identity and the folder rule live in `shardstream-identity` (one owner, shared with the
+// streamer); re-exported because every caller of the launcher needs them.
+pub use shardstream_identity as identity;
+pub use shardstream_identity::{
+    locate, locate_resolved, os_env, resolve, resolve_with, CacheOverrides, IdentityError,
+    Overrides, ProcessRank, Resolved, Source,
 };
 pub use signals::{EarlySignals, ForwardSignal, OsSignals, Signaller};
 pub use supervise::{exit_code, Outcome, Running, Supervisor, DEFAULT_GRACE};

@@ -21,7 +21,7 @@ use rustix::process::{kill_process, Pid, Signal};
 use tracing::{info, warn};
 
 use crate::error::{io_err, LauncherError, Result};
-use crate::resolve::CACHE_ROOT_ENV;
+use shardstream_identity::CACHE_ROOT_ENV;
 
 /// How often the launcher looks for the ready file or the mount process's exit.
 const POLL: Duration = Duration::from_millis(20);

@@ -26,8 +26,8 @@ use tracing::{info, warn};
 
 use crate::error::{LauncherError, Result};
 use crate::hooks::{run_hooks, HookReport, ShutdownHook};
-use crate::resolve::Resolved;
 use crate::signals::{EarlySignals, ForwardSignal, OsSignals, Signaller};
+use shardstream_identity::Resolved;
 
 /// The default grace period between a forwarded `SIGTERM` and `SIGKILL`: leaves 10 s of
 /// Kubernetes' default 30 s for the hooks.

@@ -168,6 +168,7 @@ fn resolved_environment_is_exported() {
         &Overrides {
             run_id: Some("run-7".into()),
             node_rank: Some(2),
+            ..Overrides::default()
         },
         &|_: &str| None,
     )

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::dataset::RUN_BYTES;
+use crate::memory::RUN_BYTES;
 
 /// Capacity a recycled allocation may have whatever the read's size.
 const SMALL_SLACK: usize = 4 << 10;
@@ -46,7 +46,7 @@ const PAGE_STEP: usize = 64 << 10;
 const PAGE: usize = 4 << 10;
 
 /// The read pool of the latest memory limit a dataset of this process was opened with (see
-/// [`BufferPool::for_memory_limit`]).
+/// [`BufferPool::for_read_pool`]).
 static LATEST_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 /// The column-batch pool of the latest size the Python binding asked for (see
 /// [`BufferPool::for_batches`]).
@@ -54,7 +54,7 @@ static LATEST_BATCH_POOL: Mutex<Option<KeptPool>> = Mutex::new(None);
 
 /// For a process about to fork: its children (DataLoader workers) make their own read and
 /// batch pools and would only inherit the kept allocations of this process's (see
-/// [`BufferPool::for_memory_limit`], [`BufferPool::for_batches`]), unused, in their memory;
+/// [`BufferPool::for_read_pool`], [`BufferPool::for_batches`]), unused, in their memory;
 /// and while they read, this process does not. Frees the kept allocations (the next reads fill
 /// the pools again): unmaps the mappings and frees the heap buffers. Returns the heap bytes
 /// freed (the allocator may keep them in its free lists; see the binding's caller, which trims
@@ -229,11 +229,9 @@ impl BufferPool {
         })
     }
 
-    /// The pool of a dataset whose memory limit is `limit`: room for the reads a consumer
-    /// typically holds at once (the Python binding keeps up to four chunks of up to 4 MiB in
-    /// flight), a sixteenth of the limit, at least one run of [`RUN_BYTES`] (so that a small
-    /// limit still reads in-order runs into the same allocation) and at most 16 runs. The pool
-    /// only holds what was in circulation: a stream of small samples keeps little.
+    /// The read pool of a dataset, keeping up to `max_bytes` (the memory plan's `read_pool`:
+    /// room for the reads a consumer typically holds at once, see [`crate::MemoryPlan`]). The
+    /// pool only holds what was in circulation: a stream of small samples keeps little.
     ///
     /// Datasets of one process opened with the same limit share one pool: a training script
     /// that opens a new dataset for each epoch (or for each evaluation pass) then reads into
@@ -241,15 +239,14 @@ impl BufferPool {
     /// megabytes again. Only the pool of the latest limit is kept for later datasets, so a
     /// process holds at most one pool beyond those of its open datasets, sized for the limit
     /// it opened last.
-    pub(crate) fn for_memory_limit(limit: u64) -> Arc<Self> {
-        let one_run = RUN_BYTES + 4096;
-        let max_bytes = (limit / 16).clamp(one_run, 16 * RUN_BYTES) as usize;
+    pub(crate) fn for_read_pool(max_bytes: u64) -> Arc<Self> {
+        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
         BufferPool::kept_in(&LATEST_POOL, max_bytes, RUN_BYTES as usize + 4096)
     }
 
     /// The pool for the column buffers of `iter_batches` batches (the Python binding), keeping
     /// up to `max_bytes`, shared by the datasets of this process that ask for the same size as
-    /// [`BufferPool::for_memory_limit`] shares read pools: a script that opens a dataset for
+    /// [`BufferPool::for_read_pool`] shares read pools: a script that opens a dataset for
     /// each epoch otherwise gathered each epoch's first batches into fresh memory (100
     /// samples of 1 MB in batches of 64: 25,000 page faults an epoch, 1,450 samples/s).
     pub fn for_batches(max_bytes: usize) -> Arc<Self> {
@@ -570,7 +567,7 @@ mod tests {
         assert!(Arc::ptr_eq(&batches, &BufferPool::for_batches(size)));
         assert!(!Arc::ptr_eq(
             &batches,
-            &BufferPool::for_memory_limit(size as u64)
+            &BufferPool::for_read_pool(crate::MemoryPlan::new(Some(size as u64)).read_pool)
         ));
         let column = Vec::<u8>::with_capacity(1 << 20);
         let column_at = column.as_ptr();

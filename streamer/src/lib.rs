@@ -46,6 +46,7 @@ pub mod cache;
 pub mod dataset;
 pub mod error;
 pub mod fork;
+pub mod memory;
 pub mod order;
 pub mod runtime;
 
@@ -55,3 +56,4 @@ pub use dataset::{
     StreamingDataset,
 };
 pub use error::{Result, StreamerError};
+pub use memory::MemoryPlan;

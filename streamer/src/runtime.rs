@@ -61,3 +61,13 @@ pub fn process_runtime() -> std::io::Result<Arc<Runtime>> {
     *slot = Some((pid, Arc::clone(&rt)));
     Ok(rt)
 }
+
+/// Runs a blocking call (file-system work: opens, renames, fsyncs, locks) on the runtime's
+/// blocking pool, so that it never stalls the threads that drive the downloads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> crate::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| crate::StreamerError::Engine(format!("blocking task failed: {e}")))?
+}

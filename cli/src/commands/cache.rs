@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use shardstream_launcher::{cache_gc, default_cache_root, os_env, GcReport};
+use shardstream_launcher::identity::default_cache_root;
+use shardstream_launcher::{cache_gc, os_env, GcReport};
 
 use super::run::parse_duration;
 use crate::Global;

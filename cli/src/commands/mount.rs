@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
-use crate::units::ByteSize;
+use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::Global;
 
 /// `mount DATASET MOUNTPOINT`: a read-only FUSE view of a dataset.
@@ -27,24 +27,12 @@ pub struct MountArgs {
     /// Subfolder of the dataset to mount (Mosaic's `split`).
     #[arg(long)]
     pub split: Option<String>,
-    /// Cache root; the run's cache is <cache-root>/<run-id>/<node-rank>/.
-    #[arg(long, env = "SHARDSTREAM_CACHE_ROOT")]
-    pub cache_root: Option<PathBuf>,
-    /// The node's cache folder itself (as `shardstream run` exports it); overrides --cache-root.
-    #[arg(long, env = "SHARDSTREAM_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
-    /// Run id (else SHARDSTREAM_RUN_ID, the launcher's job name, TORCHELASTIC_RUN_ID).
-    #[arg(long)]
-    pub run_id: Option<String>,
-    /// This node's rank (else SHARDSTREAM_NODE_RANK, JOB_COMPLETION_INDEX, PET_NODE_RANK, GROUP_RANK).
-    #[arg(long)]
-    pub node_rank: Option<u64>,
-    /// RAM budget of the fetch engine.
-    #[arg(long)]
-    pub memory_limit: Option<ByteSize>,
-    /// Disk budget of the node cache; read-ahead and kept-open shards stay within half of it.
-    #[arg(long)]
-    pub cache_limit: Option<ByteSize>,
+    /// Which node's cache.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// RAM and disk budgets (read-ahead and kept-open shards stay within half the disk budget).
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// Most shards fetched ahead of a sequential reader.
     #[arg(long, default_value_t = 8)]
     pub readahead_shards: usize,
@@ -88,17 +76,9 @@ pub fn run(args: MountArgs, _global: &Global) -> anyhow::Result<()> {
 
 fn serve(args: &MountArgs) -> anyhow::Result<()> {
     let config = StreamingConfig {
-        remote: args.dataset.clone(),
-        split: args.split.clone(),
-        local: args.cache_dir.clone(),
-        cache_root: args.cache_root.clone(),
-        run_id: args.run_id.clone(),
-        node_rank: args.node_rank,
-        memory_limit: args.memory_limit.map(|b| b.0),
-        cache_limit: args.cache_limit.map(|b| b.0),
         validate_hash: args.validate_hash,
         allow_unsafe_types: true,
-        ..StreamingConfig::default()
+        ..streaming_config(&args.dataset, args.split.clone(), &args.node, &args.budget)
     };
     let dataset = StreamingDataset::open(config)
         .with_context(|| format!("cannot open dataset {}", args.dataset))?;
@@ -109,7 +89,7 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         samples = dataset.num_samples(),
         "dataset opened"
     );
-    let source = StreamingSource::new(dataset, args.cache_limit.map(|b| b.0));
+    let source = StreamingSource::new(dataset, args.budget.cache_limit.map(|b| b.0));
     let fs_config = FsConfig {
         by_path: !args.by_index,
         max_readahead_shards: args.readahead_shards,

@@ -8,16 +8,16 @@
 //! when signal `n` ended it).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use shardstream_launcher::{
-    locate_cache_dir, os_env, prepare_cache_dir, resolve_with, start_mount, EarlySignals,
-    HookResult, LauncherError, MountSpec, Overrides, Supervisor,
+    locate_resolved, os_env, prepare_cache_dir, resolve_with, start_mount, EarlySignals,
+    HookResult, LauncherError, MountSpec, Supervisor,
 };
 use tracing::{info, warn};
 
+use crate::node_args::NodeArgs;
 use crate::Global;
 
 /// How long each mount has to unmount after the command is gone.
@@ -26,18 +26,9 @@ const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `run -- COMMAND...`: the pod entrypoint wrapper around torchrun.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Run id (else SHARDSTREAM_RUN_ID, SHARDSTREAM_JOBSET_NAME, SHARDSTREAM_PYTORCHJOB_NAME,
-    /// SHARDSTREAM_JOB_NAME, TORCHELASTIC_RUN_ID unless it is "none"; never invented).
-    #[arg(long)]
-    pub run_id: Option<String>,
-    /// This node's rank (else SHARDSTREAM_NODE_RANK, JOB_COMPLETION_INDEX, PET_NODE_RANK,
-    /// GROUP_RANK; 0 only when nothing suggests several nodes).
-    #[arg(long)]
-    pub node_rank: Option<u32>,
-    /// Cache root: the node's folder is <cache-root>/<run-id>/<node-rank>/. Without it:
-    /// SHARDSTREAM_CACHE_DIR as is, else under SHARDSTREAM_CACHE_ROOT or the default root.
-    #[arg(long)]
-    pub cache_root: Option<PathBuf>,
+    /// Which node's cache.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Mount DATASET at PATH (with `shardstream mount`) for the command's lifetime
     /// (repeatable); the command starts once every mount is ready.
     #[arg(long, value_name = "DATASET:PATH")]
@@ -61,13 +52,11 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
     // From here on SIGTERM/SIGINT no longer kill us half-way through the set-up (leaving mount
     // processes behind); a stop requested before the command starts is honoured below.
     let mut early = EarlySignals::install()?;
-    let overrides = Overrides {
-        run_id: args.run_id,
-        node_rank: args.node_rank,
-    };
-    let resolved = resolve_with(&overrides, &os_env).context("resolving the run")?;
+    let overrides = args.node.overrides();
+    let resolved = resolve_with(&overrides.run, &os_env).context("resolving the run")?;
     resolved.log();
-    let dir = locate_cache_dir(args.cache_root.as_deref(), &resolved, &os_env);
+    let dir =
+        locate_resolved(&overrides, &resolved, &os_env).context("locating the cache folder")?;
     let lease = prepare_cache_dir(&dir, &resolved)
         .with_context(|| format!("preparing the cache folder {}", dir.display()))?;
     info!(cache_dir = %lease.dir().display(), "cache folder ready");

@@ -3,7 +3,6 @@
 //! bytes fetched (`--json` for one JSON object), and can serve the streamer's metrics for
 //! Prometheus while it runs (`--metrics-addr`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::units::ByteSize;
 use crate::{progress, runtime, Global};
 
@@ -24,17 +24,9 @@ pub struct StreamArgs {
     /// Subfolder of the dataset (Mosaic's `split`).
     #[arg(long)]
     pub split: Option<String>,
-    /// Cache root; the run's cache is <cache-root>/<run-id>/<node-rank>/. Without it:
-    /// SHARDSTREAM_CACHE_DIR as is (set by `shardstream run`), else SHARDSTREAM_CACHE_ROOT, else the
-    /// default root.
-    #[arg(long)]
-    pub cache_root: Option<PathBuf>,
-    /// Run id (else SHARDSTREAM_RUN_ID, the launcher's job name, TORCHELASTIC_RUN_ID).
-    #[arg(long)]
-    pub run_id: Option<String>,
-    /// This node's rank (else SHARDSTREAM_NODE_RANK, JOB_COMPLETION_INDEX, PET_NODE_RANK, GROUP_RANK).
-    #[arg(long)]
-    pub node_rank: Option<u64>,
+    /// Which node's cache.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Number of nodes.
     #[arg(long)]
     pub num_nodes: Option<u64>,
@@ -73,12 +65,9 @@ pub struct StreamArgs {
     /// Epoch.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
-    /// RAM budget for everything in flight and buffered.
-    #[arg(long)]
-    pub memory_limit: Option<ByteSize>,
-    /// Disk budget of the cache.
-    #[arg(long)]
-    pub cache_limit: Option<ByteSize>,
+    /// RAM and disk budgets.
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     /// Check the hashes the index records.
     #[arg(long)]
     pub validate_hash: bool,
@@ -107,16 +96,9 @@ fn u32_arg(name: &str, value: Option<u64>, default: u32) -> anyhow::Result<u32> 
 pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
     let started = Instant::now();
     let config = StreamingConfig {
-        remote: args.dataset.clone(),
-        split: args.split.clone(),
-        cache_root: args.cache_root.clone(),
-        run_id: args.run_id.clone(),
-        node_rank: args.node_rank,
-        memory_limit: args.memory_limit.map(|b| b.0),
-        cache_limit: args.cache_limit.map(|b| b.0),
         copy_local: args.copy_local,
         validate_hash: args.validate_hash,
-        ..StreamingConfig::default()
+        ..streaming_config(&args.dataset, args.split.clone(), &args.node, &args.budget)
     };
     let dataset = StreamingDataset::open(config)
         .with_context(|| format!("cannot open dataset {}", args.dataset))?;
@@ -127,8 +109,8 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         u32_arg("num-workers", args.num_workers, 1)?,
         u32_arg("batch-size", args.batch_size, 1)?,
     )?;
-    let node = match args.node_rank {
-        Some(r) => u32_arg("node-rank", Some(r), 0)?,
+    let node = match args.node.node_rank {
+        Some(r) => r,
         None => node_of(&dataset)?,
     };
     let rank = Rank {

@@ -122,29 +122,19 @@ impl ShardSpec {
     }
 }
 
-/// The folder of one node of one run: `<root>/<run_id>/<node_rank>/` (DESIGN.md §4). Different
-/// runs get different folders; a run id that could escape `root` or name another run's folder
-/// (`..`, `a/b`) is refused.
+/// The folder of one node of one run: `<root>/<run_id>/<node_rank>/` (docs/cache.md), built
+/// and checked by the one owner of that rule, `shardstream_identity::node_dir`; a run id that
+/// could escape `root` or name another run's folder (`..`, `a/b`) is refused.
 pub fn node_dir(root: &Path, run_id: &str, node_rank: u32) -> Result<PathBuf> {
-    let reason = if run_id.is_empty() {
-        Some("empty")
-    } else if run_id == "." || run_id == ".." {
-        Some("a relative folder name")
-    } else if run_id.contains(['/', '\\', '\0']) {
-        Some("contains a path separator or NUL")
-    } else if run_id.len() > 255 {
-        Some("longer than 255 bytes")
-    } else {
-        None
-    };
-    if let Some(reason) = reason {
-        return Err(CacheError::InvalidName {
-            what: "run id",
-            value: run_id.to_string(),
-            reason,
-        });
-    }
-    Ok(root.join(run_id).join(node_rank.to_string()))
+    use shardstream_identity::IdentityError;
+    shardstream_identity::node_dir(root, run_id, node_rank).map_err(|e| CacheError::InvalidName {
+        what: "run id",
+        value: run_id.to_string(),
+        reason: match e {
+            IdentityError::InvalidRunId { reason, .. } => reason,
+            _ => "not usable as a folder name",
+        },
+    })
 }
 
 #[cfg(test)]

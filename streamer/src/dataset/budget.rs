@@ -4,7 +4,7 @@
 //! it is dropped, so the bytes held at once never exceed the limit.
 //!
 //! Downloads hold at most `limit - read reserve` of it ([`Budget::acquire_fetch`]): the reserve
-//! ([`read_reserve`]) is left for the consumer's reads, so a first sample is never queued behind
+//! (the memory plan's `read_reserve`, [`MemoryPlan`]) is left for the consumer's reads, so a first sample is never queued behind
 //! every chunk the prefetch has asked for, and a read never waits on a server that is slow to
 //! answer requests of other bytes.
 
@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Result, StreamerError};
+use crate::memory::MemoryPlan;
 
 /// Bytes of the budget held by one buffer; released on drop.
 #[derive(Debug)]
@@ -35,33 +36,23 @@ impl Lease {
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
     sem: Arc<Semaphore>,
-    /// The part downloads may hold: `limit - read_reserve(limit)`.
+    /// The part downloads may hold (the plan's `fetch`).
     fetch: Arc<Semaphore>,
     limit: u64,
-}
-
-/// Bytes of a budget of `limit` kept for the consumer's reads: a quarter, at most 4 MiB (four
-/// runs of `stream::RUN_BYTES`).
-pub(crate) fn read_reserve(limit: u64) -> u64 {
-    (limit / 4).min(4 << 20)
+    fetch_limit: u64,
 }
 
 /// The largest single request a tokio semaphore takes at once.
 const MAX_ONE_ACQUIRE: u64 = u32::MAX as u64;
 
-/// The limit a budget of `limit` bytes enforces (what a semaphore can count).
-pub(crate) fn effective_limit(limit: u64) -> u64 {
-    limit.clamp(1, Semaphore::MAX_PERMITS as u64)
-}
-
 impl Budget {
-    pub(crate) fn new(limit: u64) -> Budget {
-        let limit = effective_limit(limit);
-        let fetch = (limit - read_reserve(limit)).max(1);
+    /// The budget of a memory plan: `engine` bytes, of which downloads hold at most `fetch`.
+    pub(crate) fn new(plan: &MemoryPlan) -> Budget {
         Budget {
-            sem: Arc::new(Semaphore::new(limit as usize)),
-            fetch: Arc::new(Semaphore::new(fetch as usize)),
-            limit,
+            sem: Arc::new(Semaphore::new(plan.engine as usize)),
+            fetch: Arc::new(Semaphore::new(plan.fetch as usize)),
+            limit: plan.engine,
+            fetch_limit: plan.fetch,
         }
     }
 
@@ -136,7 +127,7 @@ impl Budget {
 
     /// Bytes downloads may hold at once.
     fn fetch_limit(&self) -> u64 {
-        (self.limit - read_reserve(self.limit)).max(1)
+        self.fetch_limit
     }
 
     /// Takes `bytes` if they are free now; `None` (nothing taken) if they are not, or if the
@@ -170,7 +161,7 @@ mod tests {
 
     #[test]
     fn holds_bytes_until_dropped_and_refuses_oversized_requests() {
-        let budget = Budget::new(100);
+        let budget = Budget::new(&MemoryPlan::new(Some(100)));
         let what = || "test".to_string();
         let a = budget.acquire_blocking(&what, 60).unwrap();
         assert_eq!(budget.in_use(), 60);
@@ -181,13 +172,15 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let big = Budget::new(16 << 20);
+        let big = Budget::new(&MemoryPlan::new(Some(16 << 20)));
         let chunks: Vec<Lease> = (0..3)
             .map(|_| rt.block_on(big.acquire_fetch(&what, 4 << 20)).unwrap())
             .collect();
         assert_eq!(big.in_use(), 12 << 20);
         assert!(Arc::clone(&big.fetch).try_acquire_many_owned(1).is_err());
-        let read = big.acquire_blocking(&what, read_reserve(16 << 20)).unwrap();
+        let read = big
+            .acquire_blocking(&what, MemoryPlan::new(Some(16 << 20)).read_reserve)
+            .unwrap();
         assert_eq!(big.in_use(), 16 << 20);
         drop((chunks, read));
         let err = budget.acquire_blocking(&what, 101).unwrap_err();
@@ -203,7 +196,7 @@ mod tests {
 
     #[test]
     fn try_acquire_takes_only_what_is_free_now() {
-        let budget = Budget::new(100);
+        let budget = Budget::new(&MemoryPlan::new(Some(100)));
         let a = budget.try_acquire(70).unwrap();
         assert_eq!(budget.in_use(), 70);
         assert!(budget.try_acquire(31).is_none(), "only 30 are free");

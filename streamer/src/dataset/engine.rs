@@ -36,7 +36,7 @@ use tracing::{debug, warn};
 
 use super::budget::Budget;
 use super::decode::{self, decompress, read_head};
-use super::fetch::{download, resume, Outage};
+use super::fetch::{Fetch, Outage};
 use super::growing::{self, Growing, Landing, Publisher};
 use super::metrics::Metrics;
 use super::shard::ShardHandle;
@@ -46,6 +46,8 @@ use crate::cache::{
     ShardSpec,
 };
 use crate::error::{Result, StreamerError};
+use crate::memory::MemoryPlan;
+use crate::runtime::blocking;
 
 /// Attempts at a shard whose download had the wrong size or hash.
 pub(crate) const DAMAGED_ATTEMPTS: u32 = 3;
@@ -111,7 +113,7 @@ impl ProcSlot {
         &self,
         dir: &Path,
         config: &CacheConfig,
-        memory_limit: u64,
+        memory: &MemoryPlan,
         locations: impl FnOnce() -> Result<Vec<Location>>,
     ) -> Result<Arc<ProcState>> {
         let pid = std::process::id();
@@ -141,7 +143,7 @@ impl ProcSlot {
             pid,
             rt,
             cache,
-            budget: Budget::new(memory_limit),
+            budget: Budget::new(memory),
             locations,
             inflight: Mutex::default(),
             pending: Mutex::default(),
@@ -644,18 +646,15 @@ impl Joined<'_> {
             debug!(shard = %self.src.name, error = %e, "no download version to resume");
             None
         });
-        resume(
-            self.ds,
-            &self.ps.budget,
+        Fetch {
+            ds: self.ds,
+            budget: &self.ps.budget,
             location,
-            &self.src.stored_rel,
-            (self.src.stored_size, from),
-            version,
-            self.file,
-            self.tmp,
-            Some(publisher),
+            rel: &self.src.stored_rel,
+            progress: Some(publisher),
             outage,
-        )
+        }
+        .resume((self.src.stored_size, from), version, self.file, self.tmp)
         .await
     }
 }
@@ -835,14 +834,6 @@ async fn begin(ps: &Arc<ProcState>, spec: ShardSpec) -> Result<Begin> {
     blocking(move || Ok(cache.begin(&spec)?)).await
 }
 
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StreamerError::Engine(format!("blocking task failed: {e}")))?
-}
-
 /// The stored file (compressed or not): in place when it is local, a hit when the node has it,
 /// else the right to fetch it.
 async fn begin_stored(ds: &Arc<Inner>, ps: &Arc<ProcState>, src: &ShardSource) -> Result<Begin> {
@@ -899,16 +890,15 @@ async fn fetch_stored(
         StreamerError::Engine(format!("shard {} has no stream {}", src.name, src.stream))
     })?;
     let tmp = guard.tmp_path().to_path_buf();
-    download(
+    Fetch {
         ds,
-        &ps.budget,
+        budget: &ps.budget,
         location,
-        &src.stored_rel,
-        src.stored_size,
-        &tmp,
+        rel: &src.stored_rel,
         progress,
         outage,
-    )
+    }
+    .download(src.stored_size, &tmp)
     .await?;
     Metrics::add(&ds.metrics.shards_fetched, 1);
     blocking(move || Ok(guard.commit()?)).await
@@ -924,15 +914,30 @@ mod tests {
         let config = CacheConfig::new(1 << 20);
         let first = ProcSlot::default();
         let a = first
-            .get(&dir.path().join("a"), &config, 1 << 20, || Ok(Vec::new()))
+            .get(
+                &dir.path().join("a"),
+                &config,
+                &MemoryPlan::new(Some(1 << 20)),
+                || Ok(Vec::new()),
+            )
             .unwrap();
         let b = ProcSlot::default()
-            .get(&dir.path().join("b"), &config, 1 << 20, || Ok(Vec::new()))
+            .get(
+                &dir.path().join("b"),
+                &config,
+                &MemoryPlan::new(Some(1 << 20)),
+                || Ok(Vec::new()),
+            )
             .unwrap();
         assert!(Arc::ptr_eq(&a.rt, &b.rt), "two datasets share the runtime");
         drop((a, first));
         let c = ProcSlot::default()
-            .get(&dir.path().join("c"), &config, 1 << 20, || Ok(Vec::new()))
+            .get(
+                &dir.path().join("c"),
+                &config,
+                &MemoryPlan::new(Some(1 << 20)),
+                || Ok(Vec::new()),
+            )
             .unwrap();
         assert!(
             Arc::ptr_eq(&b.rt, &c.rt),

@@ -158,70 +158,99 @@ impl Written {
     }
 }
 
-/// Writes `rel` (of `size` bytes) to `dest` with streamed GETs under the memory budget,
-/// advancing `progress` (if given) as the complete prefix grows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn download(
-    ds: &Arc<Inner>,
-    budget: &Budget,
-    location: &Location,
-    rel: &str,
-    size: u64,
-    dest: &Path,
-    progress: Option<&Publisher>,
-    outage: &Arc<Outage>,
-) -> Result<()> {
-    let io = |op, source| StreamerError::Io {
-        op,
-        path: dest.to_path_buf(),
-        source,
-    };
-    let file = File::options()
-        .write(true)
-        .open(dest)
-        .map_err(|e| io("open download", e))?;
-    file.set_len(size).map_err(|e| io("size download", e))?;
-    let file = Arc::new(file);
-    if let Some(p) = progress.filter(|p| p.wants_sharing()) {
-        p.share_through(Arc::clone(&file));
-    }
-    let target = Target {
-        file: &file,
-        dest,
-        ranges: parts(size),
-        version: None,
-    };
-    fill(ds, budget, location, rel, target, progress, outage).await
+/// What one download of a stored file reads, under which budget, and whom it tells: the
+/// context every GET of the download shares.
+pub(crate) struct Fetch<'a> {
+    /// The dataset (metrics, the memory plan's chunk size).
+    pub ds: &'a Arc<Inner>,
+    /// The process's memory budget.
+    pub budget: &'a Budget,
+    /// The stream's location.
+    pub location: &'a Location,
+    /// The file's path inside the location.
+    pub rel: &'a str,
+    /// Where the complete prefix is published as it grows, if anywhere.
+    pub progress: Option<&'a Publisher>,
+    /// The shard's retry window, shared by every level of retry.
+    pub outage: &'a Arc<Outage>,
 }
 
-/// Finishes a download another process started and abandoned: writes bytes `from..size` of
-/// `rel` into `file` (which holds the first `from` already), advancing `progress`. With the
-/// `version` (ETag) its writer recorded, every GET must be of that version: an object replaced
-/// since is [`StorageError::Changed`], not a file made of both.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn resume(
-    ds: &Arc<Inner>,
-    budget: &Budget,
-    location: &Location,
-    rel: &str,
-    (size, from): (u64, u64),
-    version: Option<String>,
-    file: &Arc<File>,
-    dest: &Path,
-    progress: Option<&Publisher>,
-    outage: &Arc<Outage>,
-) -> Result<()> {
-    let ranges = parts(size.saturating_sub(from))
-        .into_iter()
-        .map(|(lo, hi)| (lo + from, hi + from))
-        .collect();
-    let target = Target {
-        file,
-        dest,
-        ranges,
-        version,
-    };
-    fill(ds, budget, location, rel, target, progress, outage).await
+impl Fetch<'_> {
+    /// Writes the file (of `size` bytes) to `dest` with streamed GETs under the memory budget,
+    /// advancing the progress (if any) as the complete prefix grows.
+    pub(crate) async fn download(&self, size: u64, dest: &Path) -> Result<()> {
+        let io = |op, source| StreamerError::Io {
+            op,
+            path: dest.to_path_buf(),
+            source,
+        };
+        let file = File::options()
+            .write(true)
+            .open(dest)
+            .map_err(|e| io("open download", e))?;
+        file.set_len(size).map_err(|e| io("size download", e))?;
+        let file = Arc::new(file);
+        if let Some(p) = self.progress.filter(|p| p.wants_sharing()) {
+            p.share_through(Arc::clone(&file));
+        }
+        let target = Target {
+            file: &file,
+            dest,
+            ranges: parts(size),
+            version: None,
+        };
+        self.fill(target).await
+    }
+
+    /// Finishes a download another process started and abandoned: writes bytes `from..size`
+    /// into `file` (which holds the first `from` already), advancing the progress. With the
+    /// `version` (ETag) its writer recorded, every GET must be of that version: an object
+    /// replaced since is [`StorageError::Changed`], not a file made of both.
+    pub(crate) async fn resume(
+        &self,
+        (size, from): (u64, u64),
+        version: Option<String>,
+        file: &Arc<File>,
+        dest: &Path,
+    ) -> Result<()> {
+        let ranges = parts(size.saturating_sub(from))
+            .into_iter()
+            .map(|(lo, hi)| (lo + from, hi + from))
+            .collect();
+        let target = Target {
+            file,
+            dest,
+            ranges,
+            version,
+        };
+        self.fill(target).await
+    }
+
+    /// Streams the target's ranges (front to back, contiguous) into its file.
+    async fn fill(
+        &self,
+        Target {
+            file,
+            dest,
+            ranges,
+            version,
+        }: Target<'_>,
+    ) -> Result<()> {
+        let part = Part {
+            fetch: self,
+            file: Arc::clone(file),
+            dest,
+            written: Written::new(ranges.clone()),
+            version: Mutex::new(version),
+        };
+        let concurrency = self.location.options().concurrency.max(1);
+        futures::stream::iter(ranges.into_iter().enumerate())
+            .map(|(i, range)| part.fetch(i, range))
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
 }
 
 /// Where a download's bytes go, which of them it fetches, and the version they must be of
@@ -233,67 +262,25 @@ struct Target<'a> {
     version: Option<String>,
 }
 
-/// Streams `ranges` (front to back, contiguous) of `rel` into `file`.
-#[allow(clippy::too_many_arguments)]
-async fn fill(
-    ds: &Arc<Inner>,
-    budget: &Budget,
-    location: &Location,
-    rel: &str,
-    Target {
-        file,
-        dest,
-        ranges,
-        version,
-    }: Target<'_>,
-    progress: Option<&Publisher>,
-    outage: &Arc<Outage>,
-) -> Result<()> {
-    let part = Part {
-        ds,
-        budget,
-        location,
-        rel,
-        file: Arc::clone(file),
-        dest,
-        written: Written::new(ranges.clone()),
-        version: Mutex::new(version),
-        progress,
-        outage,
-    };
-    let concurrency = location.options().concurrency.max(1);
-    futures::stream::iter(ranges.into_iter().enumerate())
-        .map(|(i, range)| part.fetch(i, range))
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
 /// What every part of one download shares.
 struct Part<'a> {
-    ds: &'a Arc<Inner>,
-    budget: &'a Budget,
-    location: &'a Location,
-    rel: &'a str,
+    fetch: &'a Fetch<'a>,
     file: Arc<File>,
     dest: &'a Path,
     written: Written,
     /// The ETag of the download's first response: the version every other response must be.
     version: Mutex<Option<String>>,
-    progress: Option<&'a Publisher>,
-    outage: &'a Arc<Outage>,
 }
 
 impl Part<'_> {
     /// Streams part `i` (`lo..hi`) into the file, resuming after transient failures.
     async fn fetch(&self, i: usize, (lo, hi): (u64, u64)) -> Result<()> {
-        let ds = self.ds;
-        let url = || self.location.url_of(self.rel);
-        let cap = WRITE_BYTES.min(ds.chunk_bytes).min(hi - lo).max(1);
-        let what = || format!("a {cap}-byte download buffer of {}", self.rel);
-        let _lease = self.budget.acquire_fetch(&what, cap).await?;
-        let path = self.location.path(self.rel)?;
+        let ds = self.fetch.ds;
+        let url = || self.fetch.location.url_of(self.fetch.rel);
+        let cap = WRITE_BYTES.min(ds.memory.chunk).min(hi - lo).max(1);
+        let what = || format!("a {cap}-byte download buffer of {}", self.fetch.rel);
+        let _lease = self.fetch.budget.acquire_fetch(&what, cap).await?;
+        let path = self.fetch.location.path(self.fetch.rel)?;
         let mut buf = Gathered::default();
         let mut at = lo;
         // How much to gather before the next write, decided after each write (not per frame).
@@ -338,7 +325,7 @@ impl Part<'_> {
                     ..GetOptions::default()
                 };
                 let pinned = options.if_match.is_some();
-                let body = self.location.store().get_opts(&path, options).await;
+                let body = self.fetch.location.store().get_opts(&path, options).await;
                 let body = body.map_err(|e| backend(e, pinned))?;
                 self.same_version(body.meta.e_tag.as_deref(), url)?;
                 // An object of another size than the index says is damaged (or replaced): an
@@ -365,7 +352,7 @@ impl Part<'_> {
                     let mut rest = frame.map_err(|e| backend(e, true))?;
                     last = Instant::now();
                     if first {
-                        self.outage.succeeded();
+                        self.fetch.outage.succeeded();
                         first = false;
                     }
                     while !rest.is_empty() {
@@ -394,7 +381,7 @@ impl Part<'_> {
                     });
                 }
                 Ok(()) => {}
-                Err(e) if e.is_transient() && self.outage.may_retry(last) => {
+                Err(e) if e.is_transient() && self.fetch.outage.may_retry(last) => {
                     // Bytes gathered but not written are fetched again with the rest.
                     buf.clear();
                     warn!(url = %url(), error = %e, resume_at = at, "GET failed; resuming");
@@ -424,7 +411,7 @@ impl Part<'_> {
             None => {
                 *version = Some(etag.to_string());
                 // Before any byte is written (`Publisher::record_version`).
-                if let Some(Err(e)) = self.progress.map(|p| p.record_version(etag)) {
+                if let Some(Err(e)) = self.fetch.progress.map(|p| p.record_version(etag)) {
                     // Its progress is shared anyway: a process that finishes it after this one
                     // dies then cannot check the version of what it fetches.
                     warn!(url = %url(), error = %e, "download version not recorded");
@@ -442,7 +429,7 @@ impl Part<'_> {
         let len = buf.len as u64;
         if at + len > hi {
             return Err(StreamerError::Corrupt {
-                what: self.location.url_of(self.rel),
+                what: self.fetch.location.url_of(self.fetch.rel),
                 reason: format!(
                     "a GET of bytes up to {hi} returned bytes up to {}",
                     at + len
@@ -451,9 +438,9 @@ impl Part<'_> {
         }
         let mut buf = WRITES.write(&self.file, self.dest, buf, at).await?;
         buf.clear();
-        Metrics::add(&self.ds.metrics.fetch_bytes, len);
+        Metrics::add(&self.fetch.ds.metrics.fetch_bytes, len);
         let prefix = self.written.wrote(i, at + len);
-        if let Some(p) = self.progress {
+        if let Some(p) = self.fetch.progress {
             p.advance(prefix, prefix == self.written.end());
         }
         Ok((buf, at + len))
@@ -517,7 +504,7 @@ impl Writes {
             return Ok(buf);
         }
         let (file, dest) = (Arc::clone(file), dest.to_path_buf());
-        super::engine::blocking(move || {
+        crate::runtime::blocking(move || {
             write_frames_at(&file, &buf.frames, at).map_err(|e| failed(dest, e))?;
             Ok(buf)
         })

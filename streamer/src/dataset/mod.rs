@@ -40,18 +40,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use shardstream_launcher::cache::default_cache_root;
-use shardstream_launcher::resolve::CACHE_DIR_ENV;
-use shardstream_launcher::resolve::{os_env, resolve_with, Overrides};
-use shardstream_launcher::LauncherError;
+use shardstream_identity::{
+    cache_root, derived_run_id, locate, os_env, stable_hash, stable_hash_from, CacheOverrides,
+    IdentityError, Overrides, STABLE_HASH_START,
+};
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
 use shardstream_storage::{Env, Location, StorageError, StorageOptions};
 use tracing::{debug, info, warn};
 
 use crate::cache::{
-    node_dir, read_index_copy, remove_index_copy, save_index_copy, CacheConfig, ExpectedHash,
-    LocalSources, VerifyMode,
+    read_index_copy, remove_index_copy, save_index_copy, CacheConfig, ExpectedHash, LocalSources,
+    VerifyMode,
 };
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
@@ -61,15 +61,13 @@ pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::MetricsSnapshot;
 pub use prefetch::{Prefetch, PrefetchReport};
 pub use shard::{RawSample, ShardHandle};
-pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedSample, RUN_BYTES};
+pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedSample};
 
 use engine::{ProcSlot, ShardSource};
 use metrics::Metrics;
 
-/// Default memory budget when none is given.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 512 << 20;
-/// Largest ranged GET (and so the largest single buffer of a download).
-pub const MAX_CHUNK_BYTES: u64 = 8 << 20;
+use crate::memory::MemoryPlan;
+pub use crate::memory::{DEFAULT_MEMORY_LIMIT, MAX_CHUNK_BYTES, RUN_BYTES};
 /// Default [`StreamingConfig::retry_window`]: how long transient storage failures of one shard
 /// are retried before its fetch fails.
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(120);
@@ -148,10 +146,9 @@ pub(crate) struct Inner {
     pub shards: Vec<ShardSource>,
     pub cache_dir: PathBuf,
     pub cache_config: CacheConfig,
-    /// Bytes each process that streams may hold (`memory_limit`); the budget that enforces it
-    /// is per process ([`engine::ProcState::budget`]).
-    pub memory_limit: u64,
-    pub chunk_bytes: u64,
+    /// How `memory_limit` is divided; each process that streams holds at most `memory.engine`
+    /// (the budget that enforces it is per process, [`engine::ProcState::budget`]).
+    pub memory: MemoryPlan,
     pub metrics: Metrics,
     pub proc: ProcSlot,
     pub max_shard_bytes: u64,
@@ -214,7 +211,7 @@ impl Inner {
             Ok(mut pending) if !pending.is_empty() => std::mem::take(&mut *pending),
             _ => return,
         };
-        state.spawn_settled(engine::blocking(move || {
+        state.spawn_settled(crate::runtime::blocking(move || {
             pending.iter().for_each(keep_index_copy);
             Ok(())
         }));
@@ -285,9 +282,7 @@ impl StreamingDataset {
             });
         }
         let retry_window = config.retry_window();
-        let memory_limit = config.memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
-        // A quarter of the budget per chunk lets several chunks be in flight at once.
-        let chunk_bytes = (memory_limit / 4).clamp(1, MAX_CHUNK_BYTES);
+        let memory = MemoryPlan::new(config.memory_limit);
 
         let mut loaded = Loaded::default();
         let mut locations = Vec::with_capacity(streams.len());
@@ -307,7 +302,12 @@ impl StreamingDataset {
         // The node's folder, when a stream is remote: resolved without the index (`local`, or a
         // run id), it keeps copies of the remote indexes. Resolved once, and used below too.
         let any_remote = opened.iter().any(|(l, _)| l.local_root().is_none());
-        let node_folder = any_remote.then(|| resolve_cache_dir(&config, None));
+        // What names the run when no launcher does (a plain script, a notebook): the datasets'
+        // URLs, so that the next run of the same script finds this one's cache.
+        let urls: Vec<&str> = opened.iter().map(|(l, _)| l.url()).collect();
+        let dataset_key = urls.join("\n");
+        let node_folder =
+            any_remote.then(|| resolve_cache_dir(&config, CacheKey::Dataset(&dataset_key)));
         // A dataset made only of local files downloads nothing, so it needs no run id (see
         // `resolve_cache_dir`). `copy_local` asks for copies in the run's cache, so it does.
         let local_only = !any_remote && !config.copy_local;
@@ -316,11 +316,11 @@ impl StreamingDataset {
         // What a dataset of local files only is, for the folder it gets without a run id: its
         // indexes, so that a dataset rewritten under the same paths gets a new folder instead
         // of the decompressed shards of the old one (hashed only for such a dataset).
-        let mut indexes_hash = FNV_OFFSET;
+        let mut indexes_hash = STABLE_HASH_START;
         for (i, (location, weight)) in opened.into_iter().enumerate() {
             let (json, index, from_store) = load_index(&location, copies)?;
             if local_only {
-                indexes_hash = fnv1a_from(indexes_hash, &json);
+                indexes_hash = stable_hash_from(indexes_hash, &json);
             }
             let counts = loaded.add_stream(&config, &location, i, &index)?;
             let remote = location.local_root().is_none();
@@ -353,7 +353,8 @@ impl StreamingDataset {
         });
         let cache_dir = match (in_place_key, node_folder) {
             (None, Some(resolved)) => resolved?,
-            (key, _) => resolve_cache_dir(&config, key.as_deref())?,
+            (Some(key), _) => resolve_cache_dir(&config, CacheKey::InPlace(&key))?,
+            (None, None) => resolve_cache_dir(&config, CacheKey::Dataset(&dataset_key))?,
         };
         let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
         cache_config.verify = if config.validate_hash {
@@ -370,7 +371,7 @@ impl StreamingDataset {
             dataset = %locations.first().map(|l| l.url()).unwrap_or_default(),
             streams = locations.len(), shards = loaded.shards.len(),
             samples = shape.num_samples(), epoch = shape.epoch_len(),
-            cache = %cache_dir.display(), memory_limit, "dataset opened"
+            cache = %cache_dir.display(), memory_limit = memory.engine, "dataset opened"
         );
         Ok(StreamingDataset {
             inner: Arc::new(Inner {
@@ -382,14 +383,13 @@ impl StreamingDataset {
                 shards: loaded.shards,
                 cache_dir,
                 cache_config,
-                memory_limit,
-                chunk_bytes,
+                memory,
                 metrics: Metrics::default(),
                 proc: ProcSlot::default(),
                 max_shard_bytes: loaded.max_shard_bytes,
                 retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
                 verified_local: Mutex::default(),
-                read_buffers: crate::buffers::BufferPool::for_memory_limit(memory_limit),
+                read_buffers: crate::buffers::BufferPool::for_read_pool(memory.read_pool),
                 index_copies: Mutex::new(index_copies),
                 recent: Mutex::default(),
             }),
@@ -567,12 +567,12 @@ impl StreamingDataset {
 
     fn proc(&self) -> Result<Arc<engine::ProcState>> {
         let inner = &self.inner;
-        let engine = inner.proc.get(
-            &inner.cache_dir,
-            &inner.cache_config,
-            inner.memory_limit,
-            || inner.fresh_locations(),
-        )?;
+        let engine =
+            inner
+                .proc
+                .get(&inner.cache_dir, &inner.cache_config, &inner.memory, || {
+                    inner.fresh_locations()
+                })?;
         inner.save_index_copies(&engine);
         Ok(engine)
     }
@@ -693,7 +693,7 @@ impl Inner {
             deferred_reads: m.deferred_reads.load(Relaxed),
             stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
             memory_in_use: engine.as_ref().map_or(0, |ps| ps.budget.in_use()),
-            memory_limit: budget::effective_limit(self.memory_limit),
+            memory_limit: self.memory.engine,
         }
     }
 }
@@ -877,15 +877,23 @@ fn open_url(url: &str, retry_window: Duration) -> Result<Location> {
     Ok(Location::open_with(url, &options, &Env::from_process())?)
 }
 
-/// The node's cache folder: `local`, else `<root>/<run_id>/<node_rank>/` (DESIGN §4). A
-/// dataset made only of local paths (`in_place_key` names them) downloads nothing, so it needs
-/// no run id: when none resolves, it gets a folder of its own keyed by its paths,
-/// `<root>/in-place-<hash>/`, which holds the cache's lock files and, for compressed shards,
-/// their decompressed copies (shared by the runs of the node that read the same files).
-fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Result<PathBuf> {
-    if let Some(local) = &config.local {
-        return Ok(local.clone());
-    }
+/// What keys a dataset's cache folder when no launcher names the run.
+#[derive(Debug, Clone, Copy)]
+enum CacheKey<'a> {
+    /// The datasets' URLs: the run id is derived from them and the user
+    /// (`shardstream_identity::derived_run_id`), `<root>/auto-<hash>/<node_rank>/`.
+    Dataset(&'a str),
+    /// A dataset made only of local paths, read in place: it downloads nothing, so it needs no
+    /// run at all: `<root>/in-place-<hash>/`, which holds the cache's lock files and, for
+    /// compressed shards, their decompressed copies (shared by the runs of the node that read the
+    /// same files).
+    InPlace(&'a str),
+}
+
+/// The node's cache folder: `local`, else `<root>/<run_id>/<node_rank>/` as
+/// `shardstream_identity::locate` finds it (docs/cache.md), with `key` naming the run when
+/// nothing else does.
+fn resolve_cache_dir(config: &StreamingConfig, key: CacheKey<'_>) -> Result<PathBuf> {
     let node_rank = match config.node_rank {
         Some(r) => Some(u32::try_from(r).map_err(|_| StreamerError::InvalidConfig {
             setting: "node_rank",
@@ -893,24 +901,29 @@ fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Re
         })?),
         None => None,
     };
-    let overrides = Overrides {
-        run_id: config.run_id.clone(),
-        node_rank,
+    let overrides = CacheOverrides {
+        cache_dir: config.local.clone(),
+        cache_root: config.cache_root.clone(),
+        run: Overrides {
+            run_id: config.run_id.clone(),
+            node_rank,
+            fallback_run_id: match key {
+                CacheKey::Dataset(urls) => Some(derived_run_id(urls, &os_env)),
+                CacheKey::InPlace(_) => None,
+            },
+        },
     };
-    let root = || match &config.cache_root {
-        Some(root) => root.clone(),
-        None => default_cache_root(&os_env),
-    };
-    let resolved = match resolve_with(&overrides, &os_env) {
-        Ok(resolved) => resolved,
+    match locate(&overrides, &os_env) {
+        Ok(dir) => Ok(dir),
         Err(e) => {
-            if let Some(key) = in_place_key {
-                let dir = root().join(format!("in-place-{:016x}", fnv1a(key.as_bytes())));
+            if let CacheKey::InPlace(key) = key {
+                let dir = cache_root(&overrides, &os_env)
+                    .join(format!("in-place-{:016x}", stable_hash(key.as_bytes())));
                 debug!(dir = %dir.display(), reason = %e, "local dataset read in place: no run id needed");
                 return Ok(dir);
             }
-            return Err(match e {
-                LauncherError::MissingRunId { torchelastic } => StreamerError::InvalidConfig {
+            Err(match e {
+                IdentityError::MissingRunId { torchelastic } => StreamerError::InvalidConfig {
                     setting: "run_id",
                     reason: format!(
                         "no run id to key the cache: pass run_id= (StreamingDataset(..., \
@@ -924,33 +937,9 @@ fn resolve_cache_dir(config: &StreamingConfig, in_place_key: Option<&str>) -> Re
                     setting: "run_id / node_rank",
                     reason: other.to_string(),
                 },
-            });
-        }
-    };
-    // The same precedence as `shardstream run` (docs/deploy.md): an explicit root, else the
-    // folder the pod was given (`SHARDSTREAM_CACHE_DIR`, already keyed by run and node through
-    // the volume's subPathExpr or a parent `shardstream run`), else the default root.
-    if config.cache_root.is_none() {
-        if let Some(dir) = os_env(CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
-            return Ok(PathBuf::from(dir));
+            })
         }
     }
-    Ok(node_dir(&root(), &resolved.run_id, resolved.node_rank)?)
-}
-
-/// FNV-1a: a stable 64-bit name for a set of paths (not for security).
-/// FNV-1a's starting state.
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    fnv1a_from(FNV_OFFSET, bytes)
-}
-
-/// FNV-1a of `bytes` continued from the state `h` (of the bytes before them).
-fn fnv1a_from(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
@@ -982,11 +971,5 @@ mod tests {
                 "{bad:?}"
             );
         }
-    }
-
-    #[test]
-    fn in_place_folders_are_named_by_their_paths() {
-        assert_eq!(fnv1a(b"/data/a"), fnv1a(b"/data/a"));
-        assert_ne!(fnv1a(b"/data/a"), fnv1a(b"/data/b"));
     }
 }

@@ -40,10 +40,9 @@ use super::shard::{RawSample, ShardHandle};
 use super::Inner;
 use crate::buffers::PooledBuffer;
 use crate::error::{Result, StreamerError};
+use crate::memory::RUN_BYTES;
 use crate::order::{EpochOrder, OrderConfig, Partition, Rank, World};
 
-/// Largest run of consecutive samples read at once.
-pub const RUN_BYTES: u64 = 1 << 20;
 /// Most shard fetches one stream starts ahead at once (each streams its shard in as few GETs
 /// as `fetch::PART_BYTES` allows, so this is most of the stream's parallelism; the memory
 /// budget and the disk allowance bound it further).

@@ -12,7 +12,7 @@ enum Expect {
         node_rank_from: Source,
         process: Option<(u32, u32, u32, u32)>,
     },
-    Err(fn(&LauncherError) -> bool),
+    Err(fn(&IdentityError) -> bool),
 }
 
 struct Case {
@@ -129,7 +129,7 @@ fn cases() -> Vec<Case> {
                 ("WORLD_SIZE", "2"),
             ],
             Expect::Err(
-                |e| matches!(e, LauncherError::MissingNodeRank { hint } if hint.contains("RANK=1")),
+                |e| matches!(e, IdentityError::MissingNodeRank { hint } if hint.contains("RANK=1")),
             ),
         ),
         // Elastic PyTorchJob: no Master, no RANK, no PET_NODE_RANK; rendezvous assigns ranks.
@@ -142,7 +142,7 @@ fn cases() -> Vec<Case> {
                 ("PET_NNODES", "2:4"),
             ],
             Expect::Err(
-                |e| matches!(e, LauncherError::MissingNodeRank { hint } if hint.contains("2:4")),
+                |e| matches!(e, IdentityError::MissingNodeRank { hint } if hint.contains("2:4")),
             ),
         ),
         // ... and accepted with the replica-index label wired into SHARDSTREAM_NODE_RANK, as
@@ -216,7 +216,7 @@ fn cases() -> Vec<Case> {
                 ("LOCAL_WORLD_SIZE", "4"),
             ],
             Expect::Err(
-                |e| matches!(e, LauncherError::MissingRunId { torchelastic } if torchelastic == "none"),
+                |e| matches!(e, IdentityError::MissingRunId { torchelastic } if torchelastic == "none"),
             ),
         ),
         // The legacy ElasticJob controller passes the job name as --rdzv_id.
@@ -256,7 +256,7 @@ fn cases() -> Vec<Case> {
             "nothing set: no random run id",
             &[],
             Expect::Err(
-                |e| matches!(e, LauncherError::MissingRunId { torchelastic } if torchelastic == "unset"),
+                |e| matches!(e, IdentityError::MissingRunId { torchelastic } if torchelastic == "unset"),
             ),
         ),
         case(
@@ -273,7 +273,7 @@ fn cases() -> Vec<Case> {
         case(
             "several nodes and no node rank",
             &[("SHARDSTREAM_RUN_ID", "x"), ("PET_NNODES", "4")],
-            Expect::Err(|e| matches!(e, LauncherError::MissingNodeRank { .. })),
+            Expect::Err(|e| matches!(e, IdentityError::MissingNodeRank { .. })),
         ),
         case(
             "run id escaping the cache root",
@@ -284,7 +284,7 @@ fn cases() -> Vec<Case> {
             Expect::Err(|e| {
                 matches!(
                     e,
-                    LauncherError::InvalidRunId {
+                    IdentityError::InvalidRunId {
                         var: "SHARDSTREAM_RUN_ID",
                         ..
                     }
@@ -294,7 +294,7 @@ fn cases() -> Vec<Case> {
         case(
             "run id with a slash",
             &[("SHARDSTREAM_JOB_NAME", "a/b")],
-            Expect::Err(|e| matches!(e, LauncherError::InvalidRunId { .. })),
+            Expect::Err(|e| matches!(e, IdentityError::InvalidRunId { .. })),
         ),
         case(
             "node rank not an integer",
@@ -302,7 +302,7 @@ fn cases() -> Vec<Case> {
             Expect::Err(|e| {
                 matches!(
                     e,
-                    LauncherError::InvalidInteger {
+                    IdentityError::InvalidInteger {
                         var: "JOB_COMPLETION_INDEX",
                         ..
                     }
@@ -312,7 +312,7 @@ fn cases() -> Vec<Case> {
         case(
             "negative node rank",
             &[("SHARDSTREAM_RUN_ID", "x"), ("SHARDSTREAM_NODE_RANK", "-1")],
-            Expect::Err(|e| matches!(e, LauncherError::InvalidInteger { .. })),
+            Expect::Err(|e| matches!(e, IdentityError::InvalidInteger { .. })),
         ),
         case(
             "rank outside the world",
@@ -323,7 +323,7 @@ fn cases() -> Vec<Case> {
                 ("LOCAL_RANK", "0"),
                 ("LOCAL_WORLD_SIZE", "4"),
             ],
-            Expect::Err(|e| matches!(e, LauncherError::InconsistentRanks { .. })),
+            Expect::Err(|e| matches!(e, IdentityError::InconsistentRanks { .. })),
         ),
         Case {
             name: "flags beat the environment",
@@ -334,6 +334,7 @@ fn cases() -> Vec<Case> {
             overrides: Overrides {
                 run_id: Some("from-flag".into()),
                 node_rank: Some(7),
+                fallback_run_id: Some("auto-0".into()),
             },
             expect: Expect::Ok {
                 run_id: "from-flag",
@@ -348,12 +349,12 @@ fn cases() -> Vec<Case> {
             env: &[],
             overrides: Overrides {
                 run_id: Some("..".into()),
-                node_rank: None,
+                ..Overrides::default()
             },
             expect: Expect::Err(|e| {
                 matches!(
                     e,
-                    LauncherError::InvalidRunId {
+                    IdentityError::InvalidRunId {
                         var: "--run-id",
                         ..
                     }
@@ -441,4 +442,53 @@ fn uuid_shape() {
     assert!(looks_like_uuid(UUID));
     assert!(!looks_like_uuid("train"));
     assert!(!looks_like_uuid("4f0f1c9e-2b7a-4d59-9a43-0c1de1b0a7eZ"));
+}
+
+#[test]
+fn a_derived_run_id_names_runs_no_launcher_names() {
+    let derived = Overrides {
+        fallback_run_id: Some("auto-1".into()),
+        ..Overrides::default()
+    };
+    let none = |_: &str| None;
+    let r = resolve_with(&derived, &none).unwrap();
+    assert_eq!(
+        (r.run_id.as_str(), r.run_id_from),
+        ("auto-1", Source::Derived)
+    );
+    assert_eq!((r.node_rank, r.node_rank_from), (0, Source::Default));
+    // torchrun --standalone: a uuid made for this launch alone gives way to the derived id.
+    let standalone = |name: &str| (name == "TORCHELASTIC_RUN_ID").then(|| UUID.to_string());
+    assert_eq!(
+        resolve_with(&derived, &standalone).unwrap().run_id,
+        "auto-1"
+    );
+    // A run id set on purpose (or by a launcher) still wins.
+    let named = |name: &str| (name == "SHARDSTREAM_RUN_ID").then(|| "train".to_string());
+    assert_eq!(resolve_with(&derived, &named).unwrap().run_id, "train");
+    let chosen = |name: &str| (name == "TORCHELASTIC_RUN_ID").then(|| "job-7".to_string());
+    assert_eq!(resolve_with(&derived, &chosen).unwrap().run_id, "job-7");
+    // Without one, the pod contract holds: no run id is an error.
+    assert_eq!(
+        resolve_with(&Overrides::default(), &standalone)
+            .unwrap()
+            .run_id,
+        UUID
+    );
+    assert!(matches!(
+        resolve_with(&Overrides::default(), &none),
+        Err(IdentityError::MissingRunId { .. })
+    ));
+}
+
+#[test]
+fn derived_run_ids_are_stable_per_dataset_and_user() {
+    let alice = |name: &str| (name == "USER").then(|| "alice".to_string());
+    let bob = |name: &str| (name == "USER").then(|| "bob".to_string());
+    let a = derived_run_id("s3://bkt/ds", &alice);
+    assert_eq!(a, derived_run_id("s3://bkt/ds", &alice));
+    assert_ne!(a, derived_run_id("s3://bkt/other", &alice));
+    assert_ne!(a, derived_run_id("s3://bkt/ds", &bob));
+    assert!(a.starts_with("auto-") && a.len() == 21, "{a}");
+    assert_eq!(validate_run_id(&a), Ok(()));
 }

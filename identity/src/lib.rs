@@ -1,0 +1,34 @@
+//! Who this process is in a run, and where its node's cache folder is: the one owner of the run
+//! id, the node rank and the `<cache-root>/<run-id>/<node-rank>/` rule (docs/cache.md,
+//! docs/deploy.md). It sits on the ground floor of the workspace, with no I/O of its own, so that
+//! the launcher (`shardstream run`), the streamer, the CLI and the Python binding all resolve the
+//! same folder the same way without depending on one another.
+//!
+//! - [`resolve_with`]: run id and node rank from flags, then from the environment of any common
+//!   launcher (Indexed Job, JobSet, PyTorchJob, TrainJob, torchrun);
+//! - [`locate`]: the node's folder, with the one precedence (explicit folder, explicit root,
+//!   `SHARDSTREAM_CACHE_DIR`, `SHARDSTREAM_CACHE_ROOT` or the default root);
+//! - [`validate_run_id`] / [`node_dir`]: the one rule for what a run id may be.
+//!
+//! ```
+//! use shardstream_identity::{locate, CacheOverrides};
+//! let env = |name: &str| (name == "SHARDSTREAM_RUN_ID").then(|| "run1".to_string());
+//! let overrides = CacheOverrides { cache_root: Some("/efs".into()), ..Default::default() };
+//! assert_eq!(locate(&overrides, &env)?, std::path::PathBuf::from("/efs/run1/0"));
+//! # Ok::<(), shardstream_identity::IdentityError>(())
+//! ```
+
+pub mod error;
+pub mod locate;
+pub mod resolve;
+
+pub use error::{IdentityError, Result};
+pub use locate::{
+    cache_root, default_cache_root, locate, locate_resolved, node_dir, stable_hash,
+    stable_hash_from, CacheOverrides, STABLE_HASH_START,
+};
+pub use resolve::{
+    derived_run_id, os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank,
+    Resolved, Source, CACHE_DIR_ENV, CACHE_ROOT_ENV, NODE_RANK_ENV, NODE_RANK_SOURCES, RUN_ID_ENV,
+    RUN_ID_SOURCES,
+};
