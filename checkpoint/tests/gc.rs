@@ -1,8 +1,7 @@
 //! Retention and garbage collection over an in-memory store and a local directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common;
 use bytes::Bytes;
 use common::{backends, save, upload};
 use futures::TryStreamExt;

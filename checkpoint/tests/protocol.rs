@@ -2,8 +2,7 @@
 //! directory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common;
 use bytes::Bytes;
 use common::{backends, data, save, small_parts, upload};
 use object_store::{ObjectStoreExt, PutPayload};

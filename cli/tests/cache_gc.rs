@@ -4,9 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
 
-#[path = "run_support/mod.rs"]
-mod support;
-
+use crate::support;
 use std::fs;
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 // Set-up steps panic with their message, as the tests themselves do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common;
 use bytes::Bytes;
 use common::*;
 use serde_json::Value;

@@ -1,7 +1,6 @@
 //! Names taken from inputs (JSONL keys, tar members) never make `shard` write outside OUTPUT.
 
-mod common;
-
+use crate::common;
 use common::*;
 
 #[test]

@@ -16,9 +16,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // set-up helpers outside #[test] fns
 
-#[path = "run_support/mod.rs"]
-mod support;
-
+use crate::support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;

@@ -1,8 +1,7 @@
 //! The CLI against a real S3 server (moto on 127.0.0.1): `shard` straight to `s3://`, then
 //! `verify`, `cat`, `inspect`, `merge-index`, `upload` and `download` on it.
 
-mod common;
-
+use crate::common;
 use bytes::Bytes;
 use common::*;
 use serde_json::Value;

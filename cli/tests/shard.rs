@@ -1,8 +1,7 @@
 //! `shard` from every raw input kind, read back with `cat --json`, `inspect`, `verify`, and by the
 //! real mosaicml-streaming, webdataset and torchvision packages.
 
-mod common;
-
+use crate::common;
 use common::*;
 use serde_json::{json, Value};
 

@@ -2,8 +2,7 @@
 //! real S3 server (moto), with its figures in text and JSON, the Prometheus endpoint scraped
 //! while it runs, a warm second run that fetches nothing, and a clear failure on a bad path.
 
-mod common;
-
+use crate::common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;

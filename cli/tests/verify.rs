@@ -1,8 +1,7 @@
 //! `verify`: passes on a good dataset; a flipped byte, a truncated shard and a missing shard each
 //! fail with a non-zero exit naming the file and the problem.
 
-mod common;
-
+use crate::common;
 use std::path::{Path, PathBuf};
 
 use common::*;

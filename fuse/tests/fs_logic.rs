@@ -3,8 +3,7 @@
 //! recovery after a source outage, and read-ahead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;

@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
+use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -143,7 +143,7 @@ fn child_role() -> bool {
 /// Starts this test binary as a child running `test` in `role`.
 fn spawn(test: &str, role: &str, dir: &Path, limit: u64, env: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads", "1"])
+    cmd.args([test, "--nocapture", "--test-threads", "1"])
         .env(ROLE, role)
         .env(DIR, dir)
         .env(LIMIT, limit.to_string())

@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
-mod common;
-
+use crate::common;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{stream_checked, write_dataset, Spec};
-use shardstream_launcher::resolve::{CACHE_DIR_ENV, RUN_ID_SOURCES};
+use shardstream_identity::{CACHE_DIR_ENV, RUN_ID_SOURCES};
 use shardstream_streamer::order::OrderConfig;
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
 

@@ -9,8 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
-mod common;
-
+use crate::common;
 use common::child::{run_child, spawn, wait, ChildSpec};
 use common::{moto_with, runtime, upload, write_dataset, Spec};
 

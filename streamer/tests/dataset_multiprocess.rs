@@ -10,8 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
-mod common;
-
+use crate::common;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
-mod common;
-
+use crate::common;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // helpers outside #[test] fns
 
-mod common;
-
+use crate::common;
 use common::{check_sample, node_config, served, Spec};
 use shardstream_streamer::StreamingDataset;
 use std::time::{Duration, Instant};

@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // the shared body is a helper, not a #[test] fn
 
-mod common;
-
+use crate::common;
 use std::path::Path;
 
 use common::{

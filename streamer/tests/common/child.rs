@@ -34,7 +34,7 @@ pub struct ChildSpec {
 /// Starts the test `test` of this binary as a child streaming per `spec`.
 pub fn spawn(test: &str, spec: &ChildSpec) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads", "1"])
+    cmd.args([test, "--nocapture", "--test-threads", "1"])
         .env(ROLE, "stream")
         .env("DS_ENDPOINT", &spec.endpoint)
         .env("DS_PREFIX", &spec.prefix)
