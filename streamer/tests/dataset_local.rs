@@ -107,21 +107,35 @@ fn local_datasets_in_place_need_no_run_id_and_are_hash_checked() {
         rewritten.samples
     );
 
-    // 3. A dataset that must be copied into the cache (here: `copy_local`) needs a run id,
-    //    and the error says how to give one from Python, Rust or the environment.
-    let err = StreamingDataset::open(StreamingConfig {
+    // 3. A dataset that must be copied into the cache (here: `copy_local`) opened by no
+    //    launcher gets a run id derived from its location and the user: the same folder on
+    //    the next open (the next run of the script reuses its cache), another for another
+    //    dataset.
+    let derived = StreamingDataset::open(StreamingConfig {
         copy_local: true,
         ..local(raw.path(), cache.path())
     })
-    .unwrap_err();
+    .unwrap();
+    let folder = derived.cache_dir().to_path_buf();
     assert!(
-        matches!(err, StreamerError::InvalidConfig { .. }),
-        "{err:?}"
+        folder.starts_with(cache.path()) && folder.ends_with("0"),
+        "{}",
+        folder.display()
     );
-    let text = err.to_string();
-    for needed in ["run_id=", "SHARDSTREAM_RUN_ID", "--run-id"] {
-        assert!(text.contains(needed), "{needed} missing from: {text}");
-    }
+    let run = folder.parent().and_then(|p| p.file_name()).unwrap();
+    assert!(run.to_string_lossy().starts_with("auto-"), "{run:?}");
+    let again = StreamingDataset::open(StreamingConfig {
+        copy_local: true,
+        ..local(raw.path(), cache.path())
+    })
+    .unwrap();
+    assert_eq!(again.cache_dir(), folder);
+    let other = StreamingDataset::open(StreamingConfig {
+        copy_local: true,
+        ..local(zipped.path(), cache.path())
+    })
+    .unwrap();
+    assert_ne!(other.cache_dir(), folder);
     // With a run id it opens under <root>/<run>/<node>/.
     let copied = StreamingDataset::open(StreamingConfig {
         copy_local: true,

@@ -1,9 +1,15 @@
-"""Errors a Python user meets when opening a dataset are worded for Python: a missing or bad run
-id names the `run_id=` argument and `SHARDSTREAM_RUN_ID`, not only the CLI's `--run-id`. (A run
-id keys the cache of a remote dataset; a local one read in place needs none, so the dataset is
-on the local S3 server.)"""
+"""Opening a remote dataset off-cluster, as a plain script or a notebook does: no run id is
+needed (one is derived from the dataset's URL and the user, so the next run of the script reuses
+the cache), and errors are worded for Python: a bad run id names the `run_id=` argument, not the
+CLI's `--run-id`. (The dataset is on the local S3 server: a local one read in place never needed
+a run id.)"""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -33,13 +39,35 @@ def no_run_id(tmp_path, monkeypatch, moto):
     return f"{bucket}/ds"
 
 
-def test_missing_run_id_names_the_python_argument(no_run_id):
-    with pytest.raises(ValueError) as err:
-        shardstream.StreamingDataset(remote=no_run_id)
-    msg = str(err.value)
-    assert "run_id=" in msg and "SHARDSTREAM_RUN_ID" in msg, msg
-    # Given as the message says, it opens.
-    assert shardstream.StreamingDataset(remote=no_run_id, run_id="r1").num_samples == 5
+PLAIN_SCRIPT = """
+import json, sys
+import shardstream
+ds = shardstream.StreamingDataset(remote=sys.argv[1], batch_size=2)
+ids = sorted(int(s["id"]) for s in ds)
+print(json.dumps({"ids": ids, "cache_dir": ds.cache_dir, "fetched": ds.metrics()["fetch_bytes"]}))
+"""
+
+
+def run_plain_script(remote: str) -> dict:
+    """Runs the script in a process of its own, with no launcher variable set (the fixture
+    cleared them), as a user runs `python train.py` twice."""
+    out = subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, remote], check=True,
+                         capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_plain_script_needs_no_run_id_and_its_second_run_downloads_nothing(no_run_id):
+    first = run_plain_script(no_run_id)
+    assert first["ids"] == list(range(5))
+    assert first["fetched"] > 0
+    assert "/auto-" in first["cache_dir"], first["cache_dir"]
+    second = run_plain_script(no_run_id)
+    assert second["ids"] == list(range(5))
+    assert second["cache_dir"] == first["cache_dir"]
+    assert second["fetched"] == 0, second
+    # A run id given on purpose still keys its own folder.
+    named = shardstream.StreamingDataset(remote=no_run_id, run_id="r1")
+    assert named.num_samples == 5 and "/r1/" in named.cache_dir
 
 
 def test_bad_run_id_names_the_python_argument(no_run_id):

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use shardstream_identity::{
     cache_root, derived_run_id, locate, os_env, stable_hash, stable_hash_from, CacheOverrides,
-    IdentityError, Overrides, STABLE_HASH_START,
+    Overrides, STABLE_HASH_START,
 };
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
@@ -922,21 +922,9 @@ fn resolve_cache_dir(config: &StreamingConfig, key: CacheKey<'_>) -> Result<Path
                 debug!(dir = %dir.display(), reason = %e, "local dataset read in place: no run id needed");
                 return Ok(dir);
             }
-            Err(match e {
-                IdentityError::MissingRunId { torchelastic } => StreamerError::InvalidConfig {
-                    setting: "run_id",
-                    reason: format!(
-                        "no run id to key the cache: pass run_id= (StreamingDataset(..., \
-                         run_id=...) in Python, StreamingConfig::run_id in Rust, --run-id on \
-                         the command line) or set SHARDSTREAM_RUN_ID (the deploy/ manifests \
-                         pass the Job, JobSet or PyTorchJob name into it); \
-                         TORCHELASTIC_RUN_ID is {torchelastic}"
-                    ),
-                },
-                other => StreamerError::InvalidConfig {
-                    setting: "run_id / node_rank",
-                    reason: other.to_string(),
-                },
+            Err(StreamerError::InvalidConfig {
+                setting: "run_id / node_rank",
+                reason: e.to_string(),
             })
         }
     }
