@@ -242,8 +242,15 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             let ckpt = open(&root)?;
             let id = resolve_id(&rt, &ckpt, &root, id)?;
             let reader = rt.block_on(ckpt.open(&id))?;
+            // On Ctrl-C the download future is dropped rather than the process killed, so its
+            // `.partial` guard removes the unfinished file.
             let DownloadReport { files, bytes } = rt
-                .block_on(reader.download_to(&local))
+                .block_on(async {
+                    tokio::select! {
+                        r = reader.download_to(&local) => r.map_err(anyhow::Error::from),
+                        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                    }
+                })
                 .with_context(|| format!("downloading checkpoint {id} under {root}"))?;
             if json {
                 let out = serde_json::json!({
