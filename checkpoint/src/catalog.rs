@@ -1,5 +1,13 @@
 //! Which checkpoints exist: the directories under the root whose manifest reads and validates.
-//! Order is by step (checkpoints without a step first), then commit time, then id.
+//!
+//! Order (and so `latest` and gc's `keep_last`) is by commit time, then step, then id. The commit
+//! time is the manifest's `created_unix_ms` capped at the time the store recorded for the
+//! manifest object ([`CheckpointInfo::committed_unix_ms`]). Not the step: a step is whatever a
+//! manifest or an id claims (`step_18446744073709551615`), and a checkpoint without one
+//! (`final`) saved after `step_100` is newer, not older. The cap keeps a manifest that claims a
+//! future time from outranking checkpoints committed after it; the manifest's own time, when
+//! earlier, keeps the order of a root copied by a tool that resets every object's time.
+//! Manifests of every version carry `created_unix_ms`, so old checkpoints order the same way.
 
 use crate::error::{CheckpointError, Result};
 use crate::layout::validate_checkpoint_id;
@@ -19,8 +27,11 @@ pub struct CheckpointInfo {
     pub id: String,
     /// Its step (explicit, or from the id's trailing digits).
     pub step: Option<u64>,
-    /// Commit time, ms since the Unix epoch.
+    /// Commit time the manifest records, ms since the Unix epoch.
     pub created_unix_ms: u64,
+    /// Commit time used for ordering: `created_unix_ms`, but never later than the time the
+    /// store recorded for the manifest object (its last-modified time).
+    pub committed_unix_ms: u64,
     /// Ranks that saved it.
     pub world_size: u32,
     /// Number of data files.
@@ -32,11 +43,13 @@ pub struct CheckpointInfo {
 }
 
 impl CheckpointInfo {
-    pub(crate) fn from_manifest(m: &Manifest) -> Self {
+    /// `stored_unix_ms`: the store's last-modified time of the manifest object.
+    pub(crate) fn from_manifest(m: &Manifest, stored_unix_ms: u64) -> Self {
         Self {
             id: m.checkpoint_id.clone(),
             step: m.step,
             created_unix_ms: m.created_unix_ms,
+            committed_unix_ms: m.created_unix_ms.min(stored_unix_ms),
             world_size: m.world_size,
             files: m.files.len(),
             total_bytes: m.total_bytes(),
@@ -44,18 +57,20 @@ impl CheckpointInfo {
         }
     }
 
-    /// The order of `list`: step (none first), then commit time, then id.
+    /// The order of `list`: commit time ([`CheckpointInfo::committed_unix_ms`]), then step
+    /// (none first; it only separates commits within the same millisecond), then id.
     pub fn order(&self, other: &Self) -> Ordering {
-        self.step
-            .cmp(&other.step)
-            .then(self.created_unix_ms.cmp(&other.created_unix_ms))
+        self.committed_unix_ms
+            .cmp(&other.committed_unix_ms)
+            .then(self.step.cmp(&other.step))
             .then_with(|| self.id.cmp(&other.id))
     }
 }
 
 /// What one directory under the root turned out to be.
 pub(crate) enum Entry {
-    Committed(Box<Manifest>),
+    /// The manifest, and the store's last-modified time of it (ms since the Unix epoch).
+    Committed(Box<Manifest>, u64),
     /// No manifest.
     Uncommitted(String),
     /// A manifest that does not read (a newer format, corruption): never touched by gc.
@@ -82,8 +97,8 @@ impl CheckpointRoot {
         let ids = self.directory_ids().await?;
         let entries: Vec<Result<Entry>> = futures::stream::iter(ids)
             .map(|id| async move {
-                match self.read_manifest(&id).await {
-                    Ok(m) => Ok(Entry::Committed(Box::new(m))),
+                match self.read_manifest_stored(&id).await {
+                    Ok((m, stored)) => Ok(Entry::Committed(Box::new(m), stored)),
                     Err(CheckpointError::NotCommitted { .. }) => Ok(Entry::Uncommitted(id)),
                     Err(e @ CheckpointError::InvalidManifest { .. }) => {
                         warn!(id, error = %e, "ignoring a checkpoint whose manifest does not read");
@@ -107,7 +122,7 @@ impl CheckpointRoot {
                 .await?
                 .iter()
                 .filter_map(|e| match e {
-                    Entry::Committed(m) => Some(CheckpointInfo::from_manifest(m)),
+                    Entry::Committed(m, stored) => Some(CheckpointInfo::from_manifest(m, *stored)),
                     _ => None,
                 })
                 .collect();
@@ -118,8 +133,56 @@ impl CheckpointRoot {
         .await
     }
 
-    /// The newest committed checkpoint, if any.
+    /// The newest committed checkpoint, if any: the last committed (see the module docs), not
+    /// the highest step.
     pub async fn latest(&self) -> Result<Option<CheckpointInfo>> {
         Ok(self.list().await?.pop())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_util::{memory_root, plant_manifest, save, tick};
+    use crate::{GcOptions, RetentionPolicy};
+    use std::time::Duration;
+
+    /// Issue 40, row 9: a manifest claiming step 2^64-1 (and a commit time far in the future)
+    /// became `latest`, and a `final` checkpoint saved after `step_100` sorted first, so
+    /// `gc --keep 1` would have deleted it.
+    #[tokio::test]
+    async fn latest_is_the_last_committed_not_the_highest_claimed_step() {
+        let root = memory_root();
+        let hostile_id = "evil_18446744073709551615";
+        let mut hostile = save(&root, hostile_id, None, &[("a", b"x")]).await;
+        assert_eq!(hostile.step, Some(u64::MAX));
+        hostile.created_unix_ms = u64::MAX;
+        plant_manifest(&root, hostile_id, &hostile).await;
+        tick();
+        save(&root, "step_100", None, &[("a", b"y")]).await;
+        tick();
+        save(&root, "final", None, &[("a", b"z")]).await;
+
+        let ids: Vec<String> = root
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids, vec![hostile_id, "step_100", "final"]);
+        assert_eq!(root.latest().await.unwrap().unwrap().id, "final");
+
+        let opts = GcOptions {
+            policy: RetentionPolicy {
+                keep_last: 1,
+                keep_every: None,
+            },
+            leftovers_older_than: Duration::ZERO,
+            dry_run: true,
+            local_root: None,
+        };
+        let report = root.gc(&opts).await.unwrap();
+        assert_eq!(report.kept, vec!["final"]);
+        assert_eq!(report.deleted, vec![hostile_id, "step_100"]);
     }
 }

@@ -141,6 +141,18 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
 
+    /// A local file operation failed (while downloading a checkpoint into a directory).
+    #[error("{op} {}: {source}", path.display())]
+    Local {
+        /// What was being done (`creating`, `writing`, `renaming`, ...).
+        op: &'static str,
+        /// The local file or folder.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The object store returned an error for an operation on `path`.
     #[error("object store {op} on {path}: {source}")]
     Store {

@@ -6,25 +6,36 @@
 //! attempts inside committed ones) once their newest object is older than a threshold, and
 //! leaves alone any directory whose manifest does not read (it may be a newer format).
 //!
+//! A root may hold other things, so gc deletes only what its own layout names: a checkpoint's
+//! manifest, its aliases, and objects under attempt directories of the exact format
+//! ([`crate::layout::is_attempt_name`]); in a directory without a manifest, only such attempt
+//! objects and root-level copies of them. Anything else is left alone and counted in
+//! [`GcReport::foreign_objects`] / [`GcReport::foreign_dirs`]. Every deletion is reported: the
+//! checkpoints, leftover directories and dead attempts in the [`GcReport`], each local file or
+//! folder in [`GcReport::local_paths_deleted`], each object in a `debug` log line.
+//!
 //! Orphaned multipart uploads: `object_store` exposes no ListMultipartUploads, so gc cannot see
 //! the parts a killed process left behind on S3. Every failed or dropped upload is aborted by
 //! the writer itself; for processes killed outright, configure the bucket lifecycle rule
 //! `AbortIncompleteMultipartUpload` (`docs/checkpoints.md` has it). On a POSIX directory the
 //! equivalent leftovers are `<file>#<n>` staging files, which `object_store` hides from listings;
-//! when [`GcOptions::local_root`] names the directory, gc removes those (and empty directories).
+//! when [`GcOptions::local_root`] names the directory, gc removes those (and empty directories)
+//! inside the checkpoints it manages only (`local_sweep.rs`).
 
 use crate::catalog::{CheckpointInfo, Entry};
 use crate::error::{CheckpointError, Result};
-use crate::layout::join;
+use crate::layout::{is_attempt_name, join, relative_to};
+use crate::local_sweep::LocalSweep;
+use crate::manifest::Manifest;
 use crate::metrics::add;
 use crate::CheckpointRoot;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 /// Which committed checkpoints to keep.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,8 +119,18 @@ pub struct GcReport {
     pub objects_deleted: u64,
     /// Bytes of those objects.
     pub bytes_deleted: u64,
+    /// Dead attempts (`<id>/<attempt>`) whose objects were deleted from kept checkpoints.
+    pub stale_attempts_deleted: Vec<String>,
     /// Local staging files (`<file>#<n>`) removed.
     pub local_staging_files_deleted: u64,
+    /// Every local file and folder removed by the local sweep.
+    pub local_paths_deleted: Vec<PathBuf>,
+    /// Objects inside checkpoint directories that are not part of the layout gc manages,
+    /// left alone.
+    pub foreign_objects: u64,
+    /// Directories under the root without a manifest and without any attempt directory: not
+    /// checkpoints, left alone.
+    pub foreign_dirs: Vec<String>,
 }
 
 impl CheckpointRoot {
@@ -132,7 +153,7 @@ impl CheckpointRoot {
         let mut uncommitted = Vec::new();
         for e in self.entries().await? {
             match e {
-                Entry::Committed(m) => committed.push(*m),
+                Entry::Committed(m, stored) => committed.push((*m, stored)),
                 Entry::Uncommitted(id) => uncommitted.push(id),
                 Entry::Unreadable(id) => report.unreadable.push(id),
             }
@@ -140,36 +161,49 @@ impl CheckpointRoot {
         let mut infos: Vec<(CheckpointInfo, usize)> = committed
             .iter()
             .enumerate()
-            .map(|(i, m)| (CheckpointInfo::from_manifest(m), i))
+            .map(|(i, (m, stored))| (CheckpointInfo::from_manifest(m, *stored), i))
             .collect();
         infos.sort_by(|a, b| a.0.order(&b.0));
         let sorted: Vec<CheckpointInfo> = infos.iter().map(|(c, _)| c.clone()).collect();
         let flags = opts.policy.keep_flags(&sorted);
 
         for ((info, idx), keep) in infos.iter().zip(flags) {
-            let Some(m) = committed.get(*idx) else {
+            let Some((m, _)) = committed.get(*idx) else {
                 continue;
             };
+            let dir = self.checkpoint_dir(&info.id);
+            let mpath = self.manifest_path(&info.id);
             if keep {
                 report.kept.push(info.id.clone());
                 // Objects of other attempts in a committed directory are dead.
-                let dir = self.checkpoint_dir(&info.id);
                 let mut live: HashSet<Path> = m.files.iter().map(|f| join(&dir, &f.path)).collect();
                 live.extend(m.aliases.iter().map(|a| join(&dir, &a.path)));
-                live.insert(self.manifest_path(&info.id));
+                live.insert(mpath);
                 let objects = self.list_dir(&info.id).await?;
-                let (old, young): (Vec<_>, Vec<_>) = objects
+                let (ours, foreign): (Vec<_>, Vec<_>) = objects
                     .into_iter()
                     .filter(|o| !live.contains(&o.location))
+                    .partition(|o| attempt_of(&dir, &o.location).is_some());
+                self.note_foreign(&info.id, &foreign, &mut report);
+                let (old, young): (Vec<_>, Vec<_>) = ours
+                    .into_iter()
                     .partition(|o| o.last_modified.timestamp_millis() <= cutoff_ms);
                 if !young.is_empty() {
                     report.young_leftovers += 1;
                 }
+                let stale: BTreeSet<String> = old
+                    .iter()
+                    .filter_map(|o| attempt_of(&dir, &o.location))
+                    .map(|a| format!("{}/{a}", info.id))
+                    .collect();
+                for s in &stale {
+                    info!(attempt = %s, "deleting a dead attempt inside a committed checkpoint");
+                }
+                report.stale_attempts_deleted.extend(stale);
                 self.delete_objects(old, opts.dry_run, &mut report).await?;
             } else {
                 info!(id = %info.id, step = ?info.step, "deleting checkpoint outside the retention policy");
                 report.deleted.push(info.id.clone());
-                let mpath = self.manifest_path(&info.id);
                 if !opts.dry_run {
                     // The manifest first: from here on the checkpoint no longer exists.
                     match self.store().delete(&mpath).await {
@@ -179,38 +213,55 @@ impl CheckpointRoot {
                     add(&self.metrics().gc_deleted_objects, 1);
                 }
                 report.objects_deleted += 1;
-                // Then the root aliases, so torch's reader stops seeing it before data goes.
-                let dir = self.checkpoint_dir(&info.id);
+                // Then the root aliases, so torch's reader stops seeing it before data goes;
+                // then the attempts' files. Anything else in the directory is not ours.
                 let aliases: HashSet<Path> =
                     m.aliases.iter().map(|a| join(&dir, &a.path)).collect();
-                let (first, rest): (Vec<ObjectMeta>, Vec<ObjectMeta>) = self
-                    .list_dir(&info.id)
-                    .await?
-                    .into_iter()
-                    .filter(|o| o.location != mpath)
-                    .partition(|o| aliases.contains(&o.location));
+                let mut first = Vec::new();
+                let mut rest = Vec::new();
+                let mut foreign = Vec::new();
+                for o in self.list_dir(&info.id).await? {
+                    if o.location == mpath {
+                        continue;
+                    } else if aliases.contains(&o.location) {
+                        first.push(o);
+                    } else if attempt_of(&dir, &o.location).is_some() {
+                        rest.push(o);
+                    } else {
+                        foreign.push(o);
+                    }
+                }
+                self.note_foreign(&info.id, &foreign, &mut report);
                 self.delete_objects(first, opts.dry_run, &mut report)
                     .await?;
                 self.delete_objects(rest, opts.dry_run, &mut report).await?;
             }
         }
 
-        for id in uncommitted {
-            let objects = self.list_dir(&id).await?;
-            let newest = objects
+        for id in &uncommitted {
+            let dir = self.checkpoint_dir(id);
+            let (ours, foreign) = leftover_objects(&dir, self.list_dir(id).await?);
+            if ours.is_empty() {
+                if !foreign.is_empty() {
+                    warn!(
+                        id,
+                        objects = foreign.len(),
+                        "left alone: a directory that is not a checkpoint"
+                    );
+                    report.foreign_dirs.push(id.clone());
+                }
+                continue;
+            }
+            self.note_foreign(id, &foreign, &mut report);
+            let newest = ours
                 .iter()
                 .map(|o| o.last_modified.timestamp_millis())
                 .max();
             match newest {
                 Some(t) if t <= cutoff_ms => {
-                    info!(
-                        id,
-                        objects = objects.len(),
-                        "deleting an uncommitted leftover"
-                    );
-                    report.leftover_dirs_deleted.push(id);
-                    self.delete_objects(objects, opts.dry_run, &mut report)
-                        .await?;
+                    info!(id, objects = ours.len(), "deleting an uncommitted leftover");
+                    report.leftover_dirs_deleted.push(id.clone());
+                    self.delete_objects(ours, opts.dry_run, &mut report).await?;
                 }
                 Some(_) => report.young_leftovers += 1,
                 None => {}
@@ -219,16 +270,39 @@ impl CheckpointRoot {
 
         let local_root = opts.local_root.as_deref().or(self.local_root());
         if let (Some(local), false) = (local_root, opts.dry_run) {
-            let local = local.to_path_buf();
-            let cutoff = SystemTime::now()
-                .checked_sub(opts.leftovers_older_than)
-                .unwrap_or(UNIX_EPOCH);
-            let removed = tokio::task::spawn_blocking(move || sweep_local(&local, cutoff, 0))
+            let plan = LocalSweep {
+                root: local.to_path_buf(),
+                committed: committed
+                    .iter()
+                    .map(|(m, _)| (m.checkpoint_id.clone(), alias_names(m)))
+                    .collect(),
+                skip: report.unreadable.iter().cloned().collect(),
+                cutoff: SystemTime::now()
+                    .checked_sub(opts.leftovers_older_than)
+                    .unwrap_or(UNIX_EPOCH),
+            };
+            let removed = tokio::task::spawn_blocking(move || plan.run())
                 .await
-                .unwrap_or(0);
-            report.local_staging_files_deleted = removed;
+                .unwrap_or_default();
+            report.local_staging_files_deleted = removed.staging_files;
+            report.local_paths_deleted = removed.paths;
         }
         Ok(report)
+    }
+
+    /// Counts and logs objects in a checkpoint directory that are not in the layout gc
+    /// manages; they are never deleted.
+    fn note_foreign(&self, id: &str, foreign: &[ObjectMeta], report: &mut GcReport) {
+        if foreign.is_empty() {
+            return;
+        }
+        warn!(
+            id,
+            objects = foreign.len(),
+            first = %foreign[0].location,
+            "left alone: objects that are not part of a checkpoint's layout"
+        );
+        report.foreign_objects += foreign.len() as u64;
     }
 
     async fn list_dir(&self, id: &str) -> Result<Vec<ObjectMeta>> {
@@ -247,7 +321,13 @@ impl CheckpointRoot {
         report: &mut GcReport,
     ) -> Result<()> {
         report.objects_deleted += objects.len() as u64;
-        report.bytes_deleted += objects.iter().map(|o| o.size).sum::<u64>();
+        // Sizes from a listing; saturate rather than wrap on a hostile one.
+        report.bytes_deleted = objects
+            .iter()
+            .fold(report.bytes_deleted, |acc, o| acc.saturating_add(o.size));
+        for o in &objects {
+            debug!(object = %o.location, bytes = o.size, dry_run, "gc delete");
+        }
         if dry_run || objects.is_empty() {
             return Ok(());
         }
@@ -268,44 +348,34 @@ impl CheckpointRoot {
     }
 }
 
-/// Removes `object_store` staging files (`<name>#<digits>`) older than `cutoff` and then empty
-/// directories under `dir` (not `dir` itself at depth 0). Returns the staging files removed.
-fn sweep_local(dir: &std::path::Path, cutoff: SystemTime, depth: usize) -> u64 {
-    if depth > 16 {
-        return 0;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Ok(ft) = entry.file_type() else { continue };
-        if ft.is_dir() {
-            removed += sweep_local(&path, cutoff, depth + 1);
-            // Fails harmlessly when not empty.
-            let _ = std::fs::remove_dir(&path);
-        } else if ft.is_file() && is_staging_name(&entry.file_name().to_string_lossy()) {
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .map(|t| t <= cutoff)
-                .unwrap_or(false);
-            if old && std::fs::remove_file(&path).is_ok() {
-                removed += 1;
-            }
-        }
-    }
-    removed
+/// The attempt directory `full` lies in, when it is inside `dir` as `<attempt>/...` with an
+/// attempt name of this crate's exact format.
+fn attempt_of(dir: &Path, full: &Path) -> Option<String> {
+    let rel = relative_to(full, dir)?;
+    let (first, _) = rel.split_once('/')?;
+    is_attempt_name(first).then(|| first.to_owned())
 }
 
-fn is_staging_name(name: &str) -> bool {
-    match name.rsplit_once('#') {
-        Some((base, suffix)) => {
-            !base.is_empty() && !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit())
-        }
-        None => false,
-    }
+/// Splits the objects of a directory without a manifest into the leftovers of this crate's
+/// saves (files under attempt directories, and root-level copies of such files, which an
+/// interrupted gc of a committed checkpoint leaves) and everything else.
+fn leftover_objects(dir: &Path, objects: Vec<ObjectMeta>) -> (Vec<ObjectMeta>, Vec<ObjectMeta>) {
+    let attempt_names: HashSet<String> = objects
+        .iter()
+        .filter(|o| attempt_of(dir, &o.location).is_some())
+        .filter_map(|o| o.location.filename().map(str::to_owned))
+        .collect();
+    objects.into_iter().partition(|o| {
+        attempt_of(dir, &o.location).is_some()
+            || (relative_to(&o.location, dir).is_some_and(|r| !r.contains('/'))
+                && o.location
+                    .filename()
+                    .is_some_and(|n| attempt_names.contains(n)))
+    })
+}
+
+fn alias_names(m: &Manifest) -> Vec<String> {
+    m.aliases.iter().map(|a| a.path.clone()).collect()
 }
 
 #[cfg(test)]
@@ -317,6 +387,7 @@ mod tests {
             id: id.into(),
             step,
             created_unix_ms: t,
+            committed_unix_ms: t,
             world_size: 1,
             files: 1,
             total_bytes: 1,
@@ -353,13 +424,85 @@ mod tests {
         assert!(p.keep_flags(&[]).is_empty());
     }
 
-    #[test]
-    fn staging_names() {
-        assert!(is_staging_name("__0_0.distcp#1"));
-        assert!(is_staging_name("x#123"));
-        assert!(!is_staging_name("x#"));
-        assert!(!is_staging_name("#1"));
-        assert!(!is_staging_name("x#a1"));
-        assert!(!is_staging_name("plain"));
+    fn age(path: &std::path::Path) {
+        let old = SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+
+    /// Issue 40, row 8: on a local root that also holds user files, gc deleted every
+    /// `<name>#<digits>` file and every empty folder anywhere under the root (and any
+    /// directory without a manifest), and said nothing about it.
+    #[tokio::test]
+    async fn gc_touches_only_its_own_layout_on_a_shared_local_root() {
+        use crate::test_util::{save, tick};
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path();
+        let root = CheckpointRoot::open_url(&local.to_string_lossy()).unwrap();
+        save(&root, "step_1", None, &[("a", b"1")]).await;
+        tick();
+        save(&root, "step_3", None, &[("a", b"3")]).await;
+
+        // The user's things, all old, all named like what gc used to sweep.
+        let user_files = [
+            local.join("notes#1"),
+            local.join("mydata").join("img#2"),
+            local.join("step_1").join("mine#3"),
+            local.join("step_1").join("readme.txt"),
+            local.join("userdir").join("attempt-x").join("file"),
+            local.join("userdir").join("__0_0.distcp"),
+        ];
+        for f in &user_files {
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, b"mine").unwrap();
+            age(f);
+        }
+        let user_empty = local.join("mydata").join("empty");
+        std::fs::create_dir_all(&user_empty).unwrap();
+        // What a killed save leaves: a staging file in an attempt directory.
+        let dead = local
+            .join("step_2")
+            .join("attempt-0000000000001-0000000000000001");
+        std::fs::create_dir_all(&dead).unwrap();
+        let staging = dead.join("__0_0.distcp#1");
+        std::fs::write(&staging, b"partial").unwrap();
+        age(&staging);
+
+        let opts = GcOptions {
+            policy: RetentionPolicy {
+                keep_last: 1,
+                keep_every: None,
+            },
+            leftovers_older_than: Duration::ZERO,
+            dry_run: false,
+            local_root: None,
+        };
+        let report = root.gc(&opts).await.unwrap();
+        assert_eq!(report.kept, vec!["step_3"]);
+        assert_eq!(report.deleted, vec!["step_1"]);
+        for f in &user_files {
+            assert!(f.exists(), "{} was deleted", f.display());
+        }
+        assert!(user_empty.exists(), "a user's empty folder was deleted");
+        assert_eq!(report.foreign_dirs, vec!["userdir"]);
+        assert_eq!(report.foreign_objects, 1, "step_1/readme.txt: {report:?}");
+        assert!(report.leftover_dirs_deleted.is_empty(), "{report:?}");
+        // What it did remove, it reports: the staging file and the folders it emptied.
+        assert_eq!(report.local_staging_files_deleted, 1);
+        assert!(!staging.exists() && !local.join("step_2").exists());
+        assert!(report.local_paths_deleted.contains(&staging));
+        assert!(report.local_paths_deleted.contains(&local.join("step_2")));
+        for p in &report.local_paths_deleted {
+            assert!(
+                p.starts_with(local.join("step_2")) || p.starts_with(local.join("step_1")),
+                "{}",
+                p.display()
+            );
+        }
+        assert!(root.verify("step_3").await.unwrap().is_ok());
     }
 }

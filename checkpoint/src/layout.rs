@@ -97,6 +97,23 @@ pub fn validate_attempt(attempt: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `name` is exactly what [`new_attempt_name`] makes: `attempt-`, 13 digits, `-`, 16
+/// lowercase hex digits. gc deletes only objects under directories named so (and the
+/// manifests and aliases it knows), so a user's folder that merely starts with `attempt-` is
+/// not mistaken for a dead save.
+pub fn is_attempt_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(ATTEMPT_PREFIX) else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    b.len() == 13 + 1 + 16
+        && b[..13].iter().all(u8::is_ascii_digit)
+        && b[13] == b'-'
+        && b[14..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
 /// A fresh attempt name: `attempt-<unix-ms, 13 digits>-<64 random bits in hex>`. Names sort by
 /// start time, which makes leftovers easy to read in a listing.
 pub fn new_attempt_name() -> String {
@@ -218,7 +235,17 @@ mod tests {
         let a = new_attempt_name();
         let b = new_attempt_name();
         validate_attempt(&a).unwrap();
+        assert!(is_attempt_name(&a), "{a}");
         assert_ne!(a, b);
+        for not_ours in [
+            "attempt-1",
+            "attempt-1-00",
+            "attempt-0000000000001-00000000000000AB",
+            "attempt-0000000000001-00000000000000ab-x",
+            "xattempt-0000000000001-00000000000000ab",
+        ] {
+            assert!(!is_attempt_name(not_ours), "{not_ours}");
+        }
         assert!(validate_attempt("step_1").is_err());
     }
 

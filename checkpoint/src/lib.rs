@@ -58,20 +58,25 @@ mod catalog;
 pub mod checksum;
 mod commit;
 pub mod config;
+mod download;
 mod error;
 pub mod fetch;
 mod gc;
 pub mod layout;
+mod local_sweep;
 pub mod manifest;
 pub mod metrics;
 mod rank;
 mod read;
+#[cfg(test)]
+mod test_util;
 pub mod testing;
 mod upload;
 
 pub use catalog::CheckpointInfo;
 pub use commit::CommitRequest;
 pub use config::{RatePlan, UploadConfig};
+pub use download::DownloadReport;
 pub use error::{CheckpointError, Result};
 pub use gc::{GcOptions, GcReport, RetentionPolicy};
 pub use manifest::{Alias, FileRecord, Manifest};
@@ -198,6 +203,13 @@ impl CheckpointRoot {
 
     /// Reads and validates the manifest of `id`; [`CheckpointError::NotCommitted`] if absent.
     pub async fn read_manifest(&self, id: &str) -> Result<Manifest> {
+        Ok(self.read_manifest_stored(id).await?.0)
+    }
+
+    /// [`CheckpointRoot::read_manifest`], with the time the store recorded for the manifest
+    /// object (ms since the Unix epoch): the commit time as the store saw it, which the
+    /// manifest's bytes cannot claim (see [`CheckpointInfo::committed_unix_ms`]).
+    pub(crate) async fn read_manifest_stored(&self, id: &str) -> Result<(Manifest, u64)> {
         layout::validate_checkpoint_id(id)?;
         let mpath = self.manifest_path(id);
         let got = match self.store.get(&mpath).await {
@@ -217,6 +229,7 @@ impl CheckpointRoot {
             });
         }
         metrics::add(&self.metrics.get_requests, 1);
+        let stored_unix_ms = u64::try_from(got.meta.last_modified.timestamp_millis()).unwrap_or(0);
         let bytes = got
             .bytes()
             .await
@@ -228,7 +241,7 @@ impl CheckpointRoot {
                 reason: format!("it names checkpoint {:?}", m.checkpoint_id),
             });
         }
-        Ok(m)
+        Ok((m, stored_unix_ms))
     }
 
     /// Opens committed checkpoint `id` for reading, with default read settings.

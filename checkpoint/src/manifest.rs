@@ -154,9 +154,12 @@ impl Manifest {
         })
     }
 
-    /// Total bytes of all files.
+    /// Total bytes of all files. [`Manifest::parse`] refuses a manifest whose total does not
+    /// fit in a `u64`, so this saturates only for a manifest built by hand.
     pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        self.files
+            .iter()
+            .fold(0u64, |acc, f| acc.saturating_add(f.size))
     }
 
     /// The record for a relative path.
@@ -186,8 +189,19 @@ impl Manifest {
             return Err(format!("{} files exceed {MAX_FILES}", self.files.len()));
         }
         let mut seen = HashSet::with_capacity(self.files.len());
+        // Each size is bounded, but 16,385 files of 1 PiB already overflow a u64: a total that
+        // wraps would make `ls` and gc report nonsense, so such a manifest is refused.
+        let mut total = 0u64;
         for f in &self.files {
             validate_file(f, self.world_size)?;
+            total = total.checked_add(f.size).ok_or_else(|| {
+                format!(
+                    "the file sizes add up to more than {} bytes (at {:?}, {} bytes)",
+                    u64::MAX,
+                    f.path,
+                    f.size
+                )
+            })?;
             if !seen.insert(f.path.as_str()) {
                 return Err(format!("file {:?} is listed twice", f.path));
             }
@@ -380,6 +394,41 @@ mod tests {
             "not at the checkpoint root",
         );
         rejects(|m| m.files[0].size = MAX_FILE_SIZE + 1, "too large");
+    }
+
+    /// A manifest of `n` single-PUT files of `size` bytes each.
+    pub(crate) fn with_files(n: usize, size: u64) -> Manifest {
+        let mut m = sample();
+        m.aliases.clear();
+        m.files = (0..n)
+            .map(|i| FileRecord {
+                path: format!("{}/f{i}", m.attempt),
+                size,
+                crc32c: 0,
+                part_size: 0,
+                parts: vec![],
+                rank: None,
+            })
+            .collect();
+        m
+    }
+
+    /// Issue 40, row 10: 16,385 files of 2^50 bytes add up to 2^64 + 2^50; the total wrapped
+    /// (release) or panicked (debug) in `ls`.
+    #[test]
+    fn byte_total_that_overflows_u64_is_refused() {
+        let ok = with_files(16_383, MAX_FILE_SIZE);
+        let parsed = Manifest::parse(&serde_json::to_vec(&ok).unwrap()).unwrap();
+        assert_eq!(parsed.total_bytes(), 16_383 * MAX_FILE_SIZE);
+
+        let hostile = with_files(16_385, MAX_FILE_SIZE);
+        let e = Manifest::parse(&serde_json::to_vec(&hostile).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("add up to more than"), "{e}");
+        assert!(e.contains("1125899906842624"), "{e}");
+        // Built by hand (never parsed), the total saturates instead of wrapping.
+        assert_eq!(hostile.total_bytes(), u64::MAX);
     }
 
     #[test]

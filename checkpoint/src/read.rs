@@ -108,6 +108,16 @@ impl CheckpointReader {
         &self.manifest
     }
 
+    /// The root this checkpoint was opened from.
+    pub(crate) fn checkpoint_root(&self) -> &CheckpointRoot {
+        &self.root
+    }
+
+    /// The read settings.
+    pub(crate) fn config(&self) -> &ReadConfig {
+        &self.config
+    }
+
     /// The record of file `path` (relative to the checkpoint directory; an alias resolves to
     /// its target).
     pub fn record(&self, path: &str) -> Result<&FileRecord> {
@@ -276,7 +286,7 @@ impl CheckpointReader {
     }
 
     /// The local file behind `rec` when the root is a POSIX directory (read with `pread`).
-    fn local_file(&self, rec: &FileRecord) -> Option<PathBuf> {
+    pub(crate) fn local_file(&self, rec: &FileRecord) -> Option<PathBuf> {
         let root = self.root.local_root()?;
         let mut p = root.join(&self.manifest.checkpoint_id);
         for part in rec.path.split('/') {
@@ -285,7 +295,7 @@ impl CheckpointReader {
         Some(p)
     }
 
-    fn mismatch(
+    pub(crate) fn mismatch(
         &self,
         path: Path,
         part: Option<usize>,

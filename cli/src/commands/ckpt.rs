@@ -1,20 +1,22 @@
 //! `shardstream ckpt`: checkpoint management over the checkpoint crate.
 //!
 //! - `ls ROOT`: the committed checkpoints (a directory without a manifest is not one);
-//! - `latest ROOT`: the newest committed checkpoint (non-zero exit when there is none);
+//! - `latest ROOT`: the last committed checkpoint (by commit time, not step; non-zero exit when
+//!   there is none);
 //! - `verify ROOT [ID]`: every byte of a checkpoint against its manifest (non-zero on any problem);
 //! - `gc ROOT`: retention (`--keep`, `--keep-every`) and leftovers older than `--older-than`;
 //! - `download ROOT LOCAL`: a checkpoint into a local directory, checked part by part, that
-//!   torch's `FileSystemReader` and shardstream's `StorageReader` both load.
+//!   torch's `FileSystemReader` and shardstream's `StorageReader` both load
+//!   ([`shardstream_checkpoint::CheckpointReader::download_to`]: sizes checked against the
+//!   store before anything is allocated, bounded memory, no `.partial` left on failure).
 
-use std::path::{Path as FsPath, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 use shardstream_checkpoint::{
-    CheckpointInfo, CheckpointReader, CheckpointRoot, FileRecord, GcOptions, GcReport,
-    RetentionPolicy,
+    CheckpointInfo, CheckpointRoot, DownloadReport, GcOptions, GcReport, RetentionPolicy,
 };
 
 use crate::{runtime, Global};
@@ -38,7 +40,7 @@ pub enum CkptAction {
         #[arg(long)]
         json: bool,
     },
-    /// Print the latest complete checkpoint under ROOT.
+    /// Print the latest complete checkpoint under ROOT (the last committed, not the highest step).
     Latest {
         /// Checkpoint root.
         root: String,
@@ -56,7 +58,9 @@ pub enum CkptAction {
         #[arg(long)]
         json: bool,
     },
-    /// Delete incomplete checkpoints and all but the newest --keep.
+    /// Delete incomplete checkpoints and all but the last --keep committed (by commit time).
+    /// Only the checkpoint layout is touched (manifests, aliases, attempt-* folders); other
+    /// files under ROOT are left alone, and every deletion is printed.
     Gc {
         /// Checkpoint root.
         root: String,
@@ -122,6 +126,7 @@ struct Entry {
     files: usize,
     total_bytes: u64,
     created_unix_ms: u64,
+    committed_unix_ms: u64,
     attempt: String,
 }
 
@@ -134,6 +139,7 @@ fn entry(root: &str, i: &CheckpointInfo) -> Entry {
         files: i.files,
         total_bytes: i.total_bytes,
         created_unix_ms: i.created_unix_ms,
+        committed_unix_ms: i.committed_unix_ms,
         attempt: i.attempt.clone(),
     }
 }
@@ -236,7 +242,16 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             let ckpt = open(&root)?;
             let id = resolve_id(&rt, &ckpt, &root, id)?;
             let reader = rt.block_on(ckpt.open(&id))?;
-            let (files, bytes) = rt.block_on(download(&reader, &local))?;
+            // On Ctrl-C the download future is dropped rather than the process killed, so its
+            // `.partial` guard removes the unfinished file.
+            let DownloadReport { files, bytes } = rt
+                .block_on(async {
+                    tokio::select! {
+                        r = reader.download_to(&local) => r.map_err(anyhow::Error::from),
+                        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                    }
+                })
+                .with_context(|| format!("downloading checkpoint {id} under {root}"))?;
             if json {
                 let out = serde_json::json!({
                     "id": id, "local": local, "files": files, "bytes": bytes,
@@ -283,7 +298,11 @@ fn print_gc(report: &GcReport, dry_run: bool, json: bool) -> anyhow::Result<()> 
             "unreadable": report.unreadable,
             "objects_deleted": report.objects_deleted,
             "bytes_deleted": report.bytes_deleted,
+            "stale_attempts_deleted": report.stale_attempts_deleted,
             "local_staging_files_deleted": report.local_staging_files_deleted,
+            "local_paths_deleted": report.local_paths_deleted,
+            "foreign_objects": report.foreign_objects,
+            "foreign_dirs": report.foreign_dirs,
         });
         println!("{out}");
         return Ok(());
@@ -295,8 +314,23 @@ fn print_gc(report: &GcReport, dry_run: bool, json: bool) -> anyhow::Result<()> 
     for dir in &report.leftover_dirs_deleted {
         println!("{verb} unfinished save {dir}");
     }
+    for attempt in &report.stale_attempts_deleted {
+        println!("{verb} dead attempt {attempt}");
+    }
+    for path in &report.local_paths_deleted {
+        println!("{verb} {}", path.display());
+    }
     for dir in &report.unreadable {
         println!("left alone (manifest does not read) {dir}");
+    }
+    for dir in &report.foreign_dirs {
+        println!("left alone (not a checkpoint) {dir}");
+    }
+    if report.foreign_objects > 0 {
+        println!(
+            "left alone {} object(s) inside checkpoint folders that gc does not manage",
+            report.foreign_objects
+        );
     }
     println!(
         "kept {} checkpoint(s); {verb} {} object(s), {} bytes; {} recent leftover(s) kept",
@@ -306,108 +340,4 @@ fn print_gc(report: &GcReport, dry_run: bool, json: bool) -> anyhow::Result<()> 
         report.young_leftovers
     );
     Ok(())
-}
-
-/// Bytes per ranged read while downloading (rounded to whole parts so every part is checked).
-const DOWNLOAD_CHUNK: u64 = 64 << 20;
-
-/// Writes every file and alias of the checkpoint under `local`, each to a temporary name then
-/// renamed, and the manifest last, so an interrupted download is never a loadable checkpoint.
-async fn download(reader: &CheckpointReader, local: &FsPath) -> anyhow::Result<(usize, u64)> {
-    let manifest = reader.manifest();
-    let mut files = 0usize;
-    let mut bytes = 0u64;
-    for rec in &manifest.files {
-        bytes += fetch_file(reader, &rec.path, rec, &local.join(&rec.path)).await?;
-        files += 1;
-    }
-    for alias in &manifest.aliases {
-        let rec = reader.record(&alias.path)?;
-        bytes += fetch_file(reader, &alias.path, rec, &local.join(&alias.path)).await?;
-        files += 1;
-    }
-    let json = manifest.to_json()?;
-    write_atomically(
-        &local.join(shardstream_checkpoint::layout::MANIFEST_NAME),
-        &[bytes::Bytes::from(json)],
-    )
-    .await?;
-    Ok((files, bytes))
-}
-
-async fn fetch_file(
-    reader: &CheckpointReader,
-    path: &str,
-    rec: &FileRecord,
-    dest: &FsPath,
-) -> anyhow::Result<u64> {
-    use tokio::io::AsyncWriteExt;
-
-    let (tmp, mut out) = create_partial(dest).await?;
-    // Whole parts per read (or the whole file when it has none), so every byte is checked.
-    let step = match DOWNLOAD_CHUNK.checked_div(rec.part_size) {
-        Some(parts) => parts.max(1) * rec.part_size,
-        None => rec.size.max(1),
-    };
-    let mut off = 0;
-    while off < rec.size || (rec.size == 0 && off == 0) {
-        let end = (off + step).min(rec.size);
-        let data = reader
-            .read_range(path, off..end)
-            .await
-            .with_context(|| format!("downloading {path}"))?;
-        out.write_all(&data)
-            .await
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        if end == off {
-            break;
-        }
-        off = end;
-    }
-    publish_partial(out, &tmp, dest).await?;
-    Ok(rec.size)
-}
-
-async fn write_atomically(dest: &FsPath, chunks: &[bytes::Bytes]) -> anyhow::Result<()> {
-    use tokio::io::AsyncWriteExt;
-
-    let (tmp, mut out) = create_partial(dest).await?;
-    for c in chunks {
-        out.write_all(c)
-            .await
-            .with_context(|| format!("writing {}", tmp.display()))?;
-    }
-    publish_partial(out, &tmp, dest).await
-}
-
-/// Creates `dest`'s folder and its `.partial` file, which [`publish_partial`] renames into place:
-/// a download that stops half-way never leaves a file that looks complete.
-async fn create_partial(dest: &FsPath) -> anyhow::Result<(PathBuf, tokio::fs::File)> {
-    if let Some(dir) = dest.parent() {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = tmp_name(dest);
-    let out = tokio::fs::File::create(&tmp)
-        .await
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    Ok((tmp, out))
-}
-
-/// Syncs the `.partial` file and renames it to `dest`.
-async fn publish_partial(out: tokio::fs::File, tmp: &FsPath, dest: &FsPath) -> anyhow::Result<()> {
-    out.sync_all()
-        .await
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(out);
-    tokio::fs::rename(tmp, dest)
-        .await
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))
-}
-
-fn tmp_name(dest: &FsPath) -> PathBuf {
-    let mut name = dest.file_name().unwrap_or_default().to_os_string();
-    name.push(".partial");
-    dest.with_file_name(name)
 }

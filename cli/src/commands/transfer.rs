@@ -3,13 +3,18 @@
 //! verified.
 //!
 //! Upload: an MDS dataset (a folder with an `index.json` holding `"shards"`) is verified first
-//! (every shard's size and hashes), so corrupt shards are never published; `index.json` goes up
-//! last, so a reader never finds an index whose shards are not there yet; afterwards the remote
-//! listing must show every file at its local size. Names starting with `.` (temporary files) are
-//! not uploaded. Download: files land complete or not at all (temporary name, then rename); an
-//! MDS dataset is verified after download (sizes and hashes), other files by size.
+//! (every shard's size and hashes), so corrupt shards are never published. Commit markers go up
+//! last, each phase finished before the next starts ([`upload_phase`]): data files first, then
+//! torch DCP's `.metadata` of a plain DCP folder, then `index.json` and checkpoint manifests
+//! (`_shardstream_manifest.json`), then the `.metadata` copy next to a manifest, as a checkpoint
+//! commit publishes it. So a reader never finds an index whose shards are not there yet, nor a
+//! committed checkpoint with files missing. Afterwards the remote listing must show every file at
+//! its local size. Every file is uploaded, dotfiles included (DCP's `.metadata` is one), except
+//! the temporary files of shardstream and `object_store` ([`is_excluded`]). Download: files land
+//! complete or not at all (temporary name, then rename); an MDS dataset is verified after
+//! download (sizes and hashes), other files by size.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,6 +97,7 @@ pub fn upload(args: TransferArgs, global: &Global) -> anyhow::Result<()> {
         }
         let dest = open(&args.to, workers)?;
         let files = local_files(&local)?;
+        let keys: HashSet<&str> = files.iter().map(|(k, _, _)| k.as_str()).collect();
         let remote: BTreeMap<String, u64> = dest
             .list("")
             .await
@@ -101,14 +107,15 @@ pub fn upload(args: TransferArgs, global: &Global) -> anyhow::Result<()> {
             .collect();
         let total: u64 = files.iter().map(|(_, _, size)| size).sum();
         let bar = progress::bytes(total, "uploaded", global.progress());
-        let (index, rest): (Vec<_>, Vec<_>) =
-            files.iter().partition(|(key, _, _)| key == "index.json");
-        // Everything else first, index.json last.
-        for batch in [rest, index] {
+        // Phase by phase, each finished before the next starts: commit markers last.
+        for batch in upload_plan(&files) {
             let moved: Vec<Option<u64>> = stream::iter(batch)
                 .map(|(key, path, size)| {
                     let (dest, bar) = (&dest, &bar);
-                    let skip = !args.force && key != "index.json" && remote.get(key) == Some(size);
+                    // A marker is always sent: a same-sized one may describe other files.
+                    let skip = !args.force
+                        && upload_phase(key, &keys) < MARKER_PHASE
+                        && remote.get(key) == Some(size);
                     async move {
                         if skip {
                             bar.inc(*size);
@@ -267,13 +274,74 @@ async fn check_mds(spec: &str, workers: usize, show_progress: bool) -> anyhow::R
     }
 }
 
-/// Regular files below `root` as (key, path, size), sorted by key; names starting with `.` are
-/// skipped (temporary files of writers and downloads).
-fn local_files(root: &Path) -> anyhow::Result<Vec<(String, PathBuf, u64)>> {
+/// A local file to upload: (key, path, size).
+type LocalFile = (String, PathBuf, u64);
+
+/// Name of a checkpoint manifest (its presence is a checkpoint's commit).
+const MANIFEST_NAME: &str = shardstream_checkpoint::layout::MANIFEST_NAME;
+
+/// The phase of commit markers (`index.json`, checkpoint manifests).
+const MARKER_PHASE: u8 = 2;
+
+/// When `key` goes up, given every key of the upload: 0 data; 1 torch DCP's `.metadata` in a
+/// folder without a manifest (DCP's own commit marker: a plain DCP folder, or a save attempt's
+/// copy, which its manifest lists, so it must land before the manifest); 2 the top-level
+/// `index.json` and every `_shardstream_manifest.json`; 3 a `.metadata` next to a manifest (the
+/// alias a checkpoint commit publishes after its manifest).
+fn upload_phase(key: &str, keys: &HashSet<&str>) -> u8 {
+    let (dir, name) = match key.rsplit_once('/') {
+        Some((dir, name)) => (Some(dir), name),
+        None => (None, key),
+    };
+    if key == "index.json" || name == MANIFEST_NAME {
+        return MARKER_PHASE;
+    }
+    if name != ".metadata" {
+        return 0;
+    }
+    let manifest = dir.map_or_else(
+        || MANIFEST_NAME.to_owned(),
+        |d| format!("{d}/{MANIFEST_NAME}"),
+    );
+    if keys.contains(manifest.as_str()) {
+        MARKER_PHASE + 1
+    } else {
+        1
+    }
+}
+
+/// `files` in upload batches, in order ([`upload_phase`]); empty phases are left out.
+fn upload_plan(files: &[LocalFile]) -> Vec<Vec<&LocalFile>> {
+    let keys: HashSet<&str> = files.iter().map(|(k, _, _)| k.as_str()).collect();
+    let mut batches: Vec<Vec<&LocalFile>> = vec![Vec::new(); usize::from(MARKER_PHASE) + 2];
+    for f in files {
+        if let Some(b) = batches.get_mut(usize::from(upload_phase(&f.0, &keys))) {
+            b.push(f);
+        }
+    }
+    batches.retain(|b| !b.is_empty());
+    batches
+}
+
+/// The files `upload` leaves out, by name: temporary files that are never part of a dataset or
+/// checkpoint. `<name>.partial` (an unfinished `ckpt download`), `.<name>.shardstream-tmp-<hex>`
+/// (an unfinished `download`), and `<name>#<digits>` (a staging file of `object_store`'s local
+/// store, i.e. an unfinished write to a local checkpoint root). Everything else goes up, names
+/// starting with `.` included.
+fn is_excluded(name: &str) -> bool {
+    let staging = name.rsplit_once('#').is_some_and(|(base, n)| {
+        !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+    });
+    staging || name.ends_with(".partial") || name.contains(".shardstream-tmp-")
+}
+
+/// Regular files below `root` as (key, path, size), sorted by key, less the temporary files
+/// [`is_excluded`] names.
+fn local_files(root: &Path) -> anyhow::Result<Vec<LocalFile>> {
     let mut out = Vec::new();
     for entry in walkdir::WalkDir::new(root).min_depth(1).follow_links(true) {
         let entry = entry.with_context(|| format!("cannot walk {}", root.display()))?;
-        if entry.file_name().to_string_lossy().starts_with('.') || !entry.file_type().is_file() {
+        if is_excluded(&entry.file_name().to_string_lossy()) || !entry.file_type().is_file() {
             continue;
         }
         let rel = entry.path().strip_prefix(root).unwrap_or(entry.path());
@@ -291,4 +359,82 @@ fn local_files(root: &Path) -> anyhow::Result<Vec<(String, PathBuf, u64)>> {
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(batch: &[&LocalFile]) -> Vec<String> {
+        batch.iter().map(|f| f.0.clone()).collect()
+    }
+
+    /// Issue 40, row 5: `upload` of a checkpoint folder skipped every dotfile (DCP's
+    /// `.metadata` included) and sent the manifest alongside the data files, so an interrupted
+    /// upload could look committed while files were missing.
+    #[test]
+    fn checkpoint_folder_uploads_dotfiles_and_commits_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let attempt = "step_1/attempt-0000000000001-00000000000000ab";
+        let wanted = [
+            format!("{attempt}/__0_0.distcp"),
+            format!("{attempt}/.metadata"),
+            "step_1/.metadata".to_owned(),
+            format!("step_1/{MANIFEST_NAME}"),
+            "plain_dcp/__0_0.distcp".to_owned(),
+            "plain_dcp/.metadata".to_owned(),
+            ".hidden_config".to_owned(),
+        ];
+        let temporary = [
+            format!("{attempt}/__1_0.distcp#3"),
+            "step_1/__0_0.distcp.partial".to_owned(),
+            "plain_dcp/.x.shardstream-tmp-00000000000000ab".to_owned(),
+        ];
+        for key in wanted.iter().chain(&temporary) {
+            let path = dir.path().join(key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"x").unwrap();
+        }
+        let files = local_files(dir.path()).unwrap();
+        let mut got: Vec<String> = files.iter().map(|f| f.0.clone()).collect();
+        let mut want = wanted.to_vec();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "dotfiles in, temporary files out");
+
+        let plan = upload_plan(&files);
+        let batches: Vec<Vec<String>> = plan.iter().map(|b| keys(b)).collect();
+        assert_eq!(
+            batches,
+            vec![
+                vec![
+                    ".hidden_config".to_owned(),
+                    "plain_dcp/__0_0.distcp".to_owned(),
+                    format!("{attempt}/__0_0.distcp"),
+                ],
+                vec![
+                    "plain_dcp/.metadata".to_owned(),
+                    format!("{attempt}/.metadata")
+                ],
+                vec![format!("step_1/{MANIFEST_NAME}")],
+                vec!["step_1/.metadata".to_owned()],
+            ]
+        );
+    }
+
+    #[test]
+    fn index_json_still_goes_last_in_a_dataset() {
+        let files: Vec<LocalFile> = ["index.json", "shard.00000.mds", "sub/index.json"]
+            .iter()
+            .map(|k| (k.to_string(), PathBuf::from(k), 1))
+            .collect();
+        let batches: Vec<Vec<String>> = upload_plan(&files).iter().map(|b| keys(b)).collect();
+        assert_eq!(
+            batches,
+            vec![
+                vec!["shard.00000.mds".to_owned(), "sub/index.json".to_owned()],
+                vec!["index.json".to_owned()],
+            ]
+        );
+    }
 }
