@@ -12,27 +12,7 @@ impl FromStr for ByteSize {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let text = s.trim();
-        let split = text
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(text.len());
-        let (number, unit) = text.split_at(split);
-        let shift = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 0,
-            "k" | "kb" | "kib" => 10,
-            "m" | "mb" | "mib" => 20,
-            "g" | "gb" | "gib" => 30,
-            "t" | "tb" | "tib" => 40,
-            other => return Err(format!("unknown size unit {other:?} in {s:?}")),
-        };
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("{s:?} is not a size (e.g. 64MiB)"))?;
-        let bytes = value * 2f64.powi(shift);
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-            return Err(format!("{s:?} is out of range"));
-        }
-        Ok(ByteSize(bytes.round() as u64))
+        shardstream_streamer::settings::parse_byte_size(s).map(ByteSize)
     }
 }
 

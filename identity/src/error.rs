@@ -46,6 +46,13 @@ pub enum IdentityError {
         /// Its value.
         value: String,
     },
+    /// No cache root is set and there is no home folder to put the default one in.
+    #[error(
+        "no cache root: set SHARDSTREAM_CACHE_ROOT (or pass --cache-root / cache_root=); \
+         neither XDG_CACHE_HOME nor HOME is set, and a predictable folder in /tmp would let \
+         another user of the machine plant it first"
+    )]
+    NoCacheRoot,
     /// The process rank variables contradict each other.
     #[error("inconsistent torchrun environment: {reason}")]
     InconsistentRanks {

@@ -1,6 +1,6 @@
 //! Who this process is in a run, and where its node's cache folder is: the one owner of the run
 //! id, the node rank and the `<cache-root>/<run-id>/<node-rank>/` rule (docs/cache.md,
-//! docs/deploy.md). It sits on the ground floor of the workspace, with no I/O of its own, so that
+//! docs/deploy.md). It sits on the ground floor of the workspace (its only I/O is making and checking that folder), so that
 //! the launcher (`shardstream run`), the streamer, the CLI and the Python binding all resolve the
 //! same folder the same way without depending on one another.
 //!
@@ -8,7 +8,8 @@
 //!   launcher (Indexed Job, JobSet, PyTorchJob, TrainJob, torchrun);
 //! - [`locate`]: the node's folder, with the one precedence (explicit folder, explicit root,
 //!   `SHARDSTREAM_CACHE_DIR`, `SHARDSTREAM_CACHE_ROOT` or the default root);
-//! - [`validate_run_id`] / [`node_dir`]: the one rule for what a run id may be.
+//! - [`validate_run_id`] / [`node_dir`]: the one rule for what a run id may be;
+//! - [`prepare_node_folder`]: the one rule for making the folder safely on a shared root.
 //!
 //! ```
 //! use shardstream_identity::{locate, CacheOverrides};
@@ -19,10 +20,12 @@
 //! ```
 
 pub mod error;
+pub mod folder;
 pub mod locate;
 pub mod resolve;
 
 pub use error::{IdentityError, Result};
+pub use folder::{prepare_node_folder, FolderError};
 pub use locate::{
     cache_root, default_cache_root, locate, locate_resolved, node_dir, stable_hash,
     stable_hash_from, CacheOverrides, STABLE_HASH_START,

@@ -23,28 +23,32 @@ pub struct CacheOverrides {
     pub run: Overrides,
 }
 
-/// The cache root when neither a flag nor `SHARDSTREAM_CACHE_ROOT` names one:
-/// `$XDG_CACHE_HOME/shardstream`, else `$HOME/.cache/shardstream`, else
-/// `/tmp/shardstream-cache`. The deploy manifests always set it (or the folder itself).
-pub fn default_cache_root(env: &impl Fn(&str) -> Option<String>) -> PathBuf {
+/// The cache root when no flag names one: `SHARDSTREAM_CACHE_ROOT`, else
+/// `$XDG_CACHE_HOME/shardstream`, else `$HOME/.cache/shardstream`, else an error
+/// ([`IdentityError::NoCacheRoot`]): a predictable folder in `/tmp` would let another user of the
+/// machine plant it first. The deploy manifests always set the root (or the folder itself).
+pub fn default_cache_root(env: &impl Fn(&str) -> Option<String>) -> Result<PathBuf> {
     let get = |name: &str| env(name).filter(|v| !v.is_empty());
     if let Some(root) = get(CACHE_ROOT_ENV) {
-        return PathBuf::from(root);
+        return Ok(PathBuf::from(root));
     }
     if let Some(xdg) = get("XDG_CACHE_HOME") {
-        return Path::new(&xdg).join("shardstream");
+        return Ok(Path::new(&xdg).join("shardstream"));
     }
     if let Some(home) = get("HOME") {
-        return Path::new(&home).join(".cache").join("shardstream");
+        return Ok(Path::new(&home).join(".cache").join("shardstream"));
     }
-    PathBuf::from("/tmp/shardstream-cache")
+    Err(IdentityError::NoCacheRoot)
 }
 
 /// The root the node folders of this process go under: the explicit root, else
 /// [`default_cache_root`].
-pub fn cache_root(overrides: &CacheOverrides, env: &impl Fn(&str) -> Option<String>) -> PathBuf {
+pub fn cache_root(
+    overrides: &CacheOverrides,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<PathBuf> {
     match &overrides.cache_root {
-        Some(root) => root.clone(),
+        Some(root) => Ok(root.clone()),
         None => default_cache_root(env),
     }
 }
@@ -103,7 +107,7 @@ pub fn locate_resolved(
         return Ok(PathBuf::from(dir));
     }
     node_dir(
-        &default_cache_root(env),
+        &default_cache_root(env)?,
         &resolved.run_id,
         resolved.node_rank,
     )
@@ -204,7 +208,10 @@ mod tests {
             Ok(PathBuf::from("/root/r/1"))
         );
         let env = env_of(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/home/u")]);
-        assert_eq!(default_cache_root(&env), PathBuf::from("/xdg/shardstream"));
+        assert_eq!(
+            default_cache_root(&env),
+            Ok(PathBuf::from("/xdg/shardstream"))
+        );
         let env = env_of(&[("SHARDSTREAM_CACHE_DIR", ""), ("HOME", "/home/u")]);
         assert_eq!(
             locate_resolved(&none, &r, &env),
@@ -212,7 +219,7 @@ mod tests {
         );
         assert_eq!(
             default_cache_root(&env_of(&[])),
-            PathBuf::from("/tmp/shardstream-cache")
+            Err(IdentityError::NoCacheRoot)
         );
     }
 

@@ -87,7 +87,7 @@ impl Drop for RunLease {
 /// longer at `dir`) and the folder is made again.
 pub fn prepare_cache_dir(dir: &Path, resolved: &Resolved) -> Result<RunLease> {
     for attempt in 1..=PREPARE_ATTEMPTS {
-        fs::create_dir_all(dir).map_err(io_err("create folder", dir))?;
+        shardstream_identity::prepare_node_folder(dir, &shardstream_identity::os_env)?;
         let lock_path = dir.join(LEASE_LOCK_FILE);
         let lock = open_lock_file(&lock_path).map_err(io_err("open", &lock_path))?;
         lock_shared(&lock).map_err(io_err("lock", &lock_path))?;

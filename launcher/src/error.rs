@@ -14,6 +14,10 @@ pub enum LauncherError {
     /// The run id, node rank or cache folder could not be worked out.
     #[error(transparent)]
     Identity(#[from] shardstream_identity::IdentityError),
+    /// The cache folder is not safe to use (a planted link, another user's folder, a folder of
+    /// someone's files).
+    #[error(transparent)]
+    Folder(#[from] shardstream_identity::FolderError),
     /// The cache folder holds the marker of another run or node.
     #[error(
         "cache folder {dir} belongs to run {found_run:?} node {found_node}, not run {run:?} node \

@@ -49,6 +49,7 @@ pub mod fork;
 pub mod memory;
 pub mod order;
 pub mod runtime;
+pub mod settings;
 
 pub use dataset::{
     DeferredSample, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleStream,

@@ -60,7 +60,10 @@ fn gc(
     dry_run: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let root = cache_root.unwrap_or_else(|| default_cache_root(&os_env));
+    let root = match cache_root {
+        Some(root) => root,
+        None => default_cache_root(&os_env)?,
+    };
     let now = SystemTime::now();
     let report = cache_gc(
         &root,

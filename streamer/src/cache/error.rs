@@ -8,6 +8,10 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheError {
+    /// The folder is not safe to keep a cache in (a planted link, another user's folder, a
+    /// folder of someone's files): see `shardstream_identity::prepare_node_folder`.
+    #[error(transparent)]
+    Folder(#[from] shardstream_identity::FolderError),
     /// A file-system call failed.
     #[error("cache: {op} {path}: {source}")]
     Io {

@@ -33,6 +33,7 @@
 //! ```
 
 mod config;
+mod disk_limit;
 mod entry;
 mod error;
 mod index_copy;
@@ -51,6 +52,7 @@ use std::time::{Instant, SystemTime};
 use tracing::{debug, info, warn};
 
 pub use config::{node_dir, CacheConfig, ExpectedHash, LocalSources, ShardSpec, VerifyMode};
+pub use disk_limit::default_limit;
 pub use error::{CacheError, Result};
 pub(crate) use index_copy::{read_index_copy, remove_index_copy, save_index_copy};
 pub use lease::{Begin, FetchGuard, LeaseOrigin, ShardLease};
@@ -87,7 +89,7 @@ impl Cache {
     /// files of dead downloads are removed, locks of dead processes are already free.
     pub fn open(dir: impl AsRef<Path>, config: CacheConfig) -> Result<Cache> {
         let dir = dir.as_ref();
-        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        shardstream_identity::prepare_node_folder(dir, &shardstream_identity::os_env)?;
         let root = fs::canonicalize(dir).map_err(io_err("resolve", dir))?;
         let layout = Layout::new(root);
         layout.create()?;

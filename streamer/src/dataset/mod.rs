@@ -68,11 +68,8 @@ use metrics::Metrics;
 
 use crate::memory::MemoryPlan;
 pub use crate::memory::{DEFAULT_MEMORY_LIMIT, MAX_CHUNK_BYTES, RUN_BYTES};
-/// Default [`StreamingConfig::retry_window`]: how long transient storage failures of one shard
-/// are retried before its fetch fails.
-pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(120);
-/// Environment variable that sets the retry window, in seconds.
-pub const RETRY_WINDOW_ENV: &str = "SHARDSTREAM_RETRY_WINDOW";
+use crate::settings;
+pub use crate::settings::{DEFAULT_RETRY_WINDOW, RETRY_WINDOW_ENV};
 
 /// How to open a dataset. Field names follow mosaicml-streaming's `StreamingDataset`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,9 +91,12 @@ pub struct StreamingConfig {
     pub run_id: Option<String>,
     /// Node rank; else resolved from the environment.
     pub node_rank: Option<u64>,
-    /// Bytes of RAM for everything in flight and buffered (default [`DEFAULT_MEMORY_LIMIT`]).
+    /// Bytes of RAM for everything in flight and buffered; else `SHARDSTREAM_MEMORY_LIMIT`, else
+    /// [`DEFAULT_MEMORY_LIMIT`].
     pub memory_limit: Option<u64>,
-    /// Bytes of disk for the node's cache (default: no limit).
+    /// Bytes of disk for the node's cache; else `SHARDSTREAM_CACHE_LIMIT`, else the shards the
+    /// folder holds plus 80 % of its file system's free space at open
+    /// ([`crate::cache::default_limit`]): always a real limit.
     pub cache_limit: Option<u64>,
     /// Copy `file://` and plain-path sources into the cache instead of reading them in place.
     pub copy_local: bool,
@@ -119,17 +119,8 @@ impl StreamingConfig {
     /// of a range or a shard count against the same window, so an outage ends in an error
     /// after about one window. [`StreamingDataset::set_retry_window`] overrides it.
     pub fn retry_window(&self) -> Duration {
-        retry_window_from(&os_env)
+        crate::settings::retry_window(&os_env)
     }
-}
-
-/// The retry window an environment sets (seconds, fractions allowed), else the default.
-fn retry_window_from(env: &dyn Fn(&str) -> Option<String>) -> Duration {
-    env(RETRY_WINDOW_ENV)
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && (0.0..=1e9).contains(s))
-        .map(Duration::from_secs_f64)
-        .unwrap_or(DEFAULT_RETRY_WINDOW)
 }
 
 /// Shared state of a dataset (behind the `Arc` every stream and task holds).
@@ -282,7 +273,11 @@ impl StreamingDataset {
             });
         }
         let retry_window = config.retry_window();
-        let memory = MemoryPlan::new(config.memory_limit);
+        let memory = MemoryPlan::new(settings::byte_size(
+            config.memory_limit,
+            settings::MEMORY_LIMIT_ENV,
+            &os_env,
+        )?);
 
         let mut loaded = Loaded::default();
         let mut locations = Vec::with_capacity(streams.len());
@@ -356,7 +351,12 @@ impl StreamingDataset {
             (Some(key), _) => resolve_cache_dir(&config, CacheKey::InPlace(&key))?,
             (None, None) => resolve_cache_dir(&config, CacheKey::Dataset(&dataset_key))?,
         };
-        let mut cache_config = CacheConfig::new(config.cache_limit.unwrap_or(u64::MAX / 2));
+        let cache_limit =
+            match settings::byte_size(config.cache_limit, settings::CACHE_LIMIT_ENV, &os_env)? {
+                Some(limit) => limit,
+                None => crate::cache::default_limit(&cache_dir)?,
+            };
+        let mut cache_config = CacheConfig::new(cache_limit);
         cache_config.verify = if config.validate_hash {
             VerifyMode::Hash
         } else {
@@ -917,8 +917,12 @@ fn resolve_cache_dir(config: &StreamingConfig, key: CacheKey<'_>) -> Result<Path
         Ok(dir) => Ok(dir),
         Err(e) => {
             if let CacheKey::InPlace(key) = key {
-                let dir = cache_root(&overrides, &os_env)
-                    .join(format!("in-place-{:016x}", stable_hash(key.as_bytes())));
+                let root =
+                    cache_root(&overrides, &os_env).map_err(|e| StreamerError::InvalidConfig {
+                        setting: "cache_root",
+                        reason: e.to_string(),
+                    })?;
+                let dir = root.join(format!("in-place-{:016x}", stable_hash(key.as_bytes())));
                 debug!(dir = %dir.display(), reason = %e, "local dataset read in place: no run id needed");
                 return Ok(dir);
             }
@@ -939,25 +943,4 @@ fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
                 hex: hex.clone(),
             })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_retry_window_is_read_from_its_variable_else_120_s() {
-        let env =
-            |value: &'static str| move |k: &str| (k == RETRY_WINDOW_ENV).then(|| value.to_string());
-        assert_eq!(retry_window_from(&|_| None), Duration::from_secs(120));
-        assert_eq!(retry_window_from(&env("30")), Duration::from_secs(30));
-        assert_eq!(retry_window_from(&env(" 0.5 ")), Duration::from_millis(500));
-        for bad in ["", "-1", "soon", "inf", "NaN"] {
-            assert_eq!(
-                retry_window_from(&env(bad)),
-                DEFAULT_RETRY_WINDOW,
-                "{bad:?}"
-            );
-        }
-    }
 }
