@@ -10,6 +10,7 @@ use clap::Parser;
 mod commands;
 mod dataset;
 mod logging;
+mod metrics_server;
 mod node_args;
 mod progress;
 mod runtime;

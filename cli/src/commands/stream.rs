@@ -3,18 +3,15 @@
 //! bytes fetched (`--json` for one JSON object), and can serve the streamer's metrics for
 //! Prometheus while it runs (`--metrics-addr`).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::units::ByteSize;
-use crate::{progress, runtime, Global};
+use crate::{metrics_server, progress, Global};
 
 /// `stream DATASET`: stream one epoch (pre-warm a cache, or measure throughput).
 #[derive(Debug, clap::Args)]
@@ -137,7 +134,12 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
 
     // The metrics server runs on its own runtime, owned here: dropping it stops the server.
     let server = match &args.metrics_addr {
-        Some(addr) => Some(serve_metrics(addr, dataset.clone())?),
+        Some(addr) => {
+            let counted = dataset.clone();
+            let server = metrics_server::serve(addr, move || counted.metrics().to_prometheus())?;
+            eprintln!("serving metrics on http://{}/metrics", server.addr);
+            Some(server)
+        }
         None => None,
     };
 
@@ -236,60 +238,4 @@ fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-struct MetricsServer {
-    addr: std::net::SocketAddr,
-    _rt: tokio::runtime::Runtime,
-}
-
-/// Serves `GET /metrics` (any path, in fact) with the dataset's counters in Prometheus' text
-/// format, until the returned server is dropped.
-fn serve_metrics(addr: &str, dataset: StreamingDataset) -> anyhow::Result<MetricsServer> {
-    let rt = runtime::build(1)?;
-    let listener = rt
-        .block_on(TcpListener::bind(addr))
-        .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
-    let bound = listener
-        .local_addr()
-        .context("metrics listener has no address")?;
-    tracing::info!(addr = %bound, "serving metrics");
-    eprintln!("serving metrics on http://{bound}/metrics");
-    let dataset = Arc::new(dataset);
-    rt.spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                continue;
-            };
-            let dataset = Arc::clone(&dataset);
-            tokio::spawn(async move {
-                // Read the request head (bounded); the reply does not depend on it.
-                let mut buf = vec![0u8; 8192];
-                let mut seen = 0;
-                while seen < buf.len() {
-                    match conn.read(&mut buf[seen..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            seen += n;
-                            if buf[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
-                                break;
-                            }
-                        }
-                    }
-                }
-                let body = dataset.metrics().to_prometheus();
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
-                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = conn.write_all(reply.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    Ok(MetricsServer {
-        addr: bound,
-        _rt: rt,
-    })
 }

@@ -1,8 +1,30 @@
 //! Counters of one process's dataset handle, read by [`super::StreamingDataset::metrics`] and
-//! exported by `shardstream stream --metrics-addr` under the DESIGN §4 names (no per-shard
-//! labels).
+//! exported under the metrics contract's names (`shardstream_*`, base units, no per-shard labels),
+//! and the node's sum of them.
+//!
+//! **The node's sum.** A node runs many processes that stream (each rank, each of its DataLoader
+//! workers, a FUSE mount), and `shardstream run` serves the sum of all of them, including those
+//! that already exited. Each process publishes each dataset's counters into the node's cache
+//! folder, `metrics/<pid>-<id>.json` (written whole: temp file and rename), at most once a
+//! second while it streams and once more when the stream or dataset is dropped
+//! ([`Publisher`]); [`node_metrics`] sums the folder. A file is never removed while the run
+//! lives, so a counter of the sum never goes backwards when a worker exits. A forked child
+//! (a DataLoader worker) inherits its parent's counters: it publishes only what it counted
+//! itself, from the moment its own engine started.
+//!
+//! Files instead of a socket or shared memory: the node folder is the one thing every process of
+//! the node already shares (by contract), a file survives its writer, and a process that is
+//! killed loses at most its last second.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tracing::debug;
 
 /// Live counters (plain atomics, updated by the engine).
 #[derive(Debug, Default)]
@@ -26,7 +48,8 @@ impl Metrics {
 }
 
 /// The counters at one moment. Cache figures are this process's view of the node's cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MetricsSnapshot {
     /// Bytes downloaded from storage (`shardstream_fetch_bytes_total`).
     pub fetch_bytes: u64,
@@ -69,6 +92,54 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
+    /// What was counted since `earlier` (a forked child's inherited counters): counters are
+    /// subtracted, gauges kept.
+    pub fn since(&self, earlier: &MetricsSnapshot) -> MetricsSnapshot {
+        MetricsSnapshot {
+            fetch_bytes: self.fetch_bytes.saturating_sub(earlier.fetch_bytes),
+            fetch_requests: self.fetch_requests.saturating_sub(earlier.fetch_requests),
+            fetch_retries: self.fetch_retries.saturating_sub(earlier.fetch_retries),
+            shards_fetched: self.shards_fetched.saturating_sub(earlier.shards_fetched),
+            shards_joined: self.shards_joined.saturating_sub(earlier.shards_joined),
+            cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
+            cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
+            cache_evictions: self.cache_evictions.saturating_sub(earlier.cache_evictions),
+            cache_corrupt: self.cache_corrupt.saturating_sub(earlier.cache_corrupt),
+            samples: self.samples.saturating_sub(earlier.samples),
+            sample_bytes: self.sample_bytes.saturating_sub(earlier.sample_bytes),
+            sample_reads: self.sample_reads.saturating_sub(earlier.sample_reads),
+            deferred_reads: self.deferred_reads.saturating_sub(earlier.deferred_reads),
+            stall_seconds: (self.stall_seconds - earlier.stall_seconds).max(0.0),
+            ..*self
+        }
+    }
+
+    /// Adds `other` (another process's counters) to these: counters and the memory figures add
+    /// up over the node's processes; the node cache's size is one folder's, so the largest
+    /// count wins. `live` says whether `other`'s process still runs: an exited one holds no
+    /// memory.
+    pub fn add(&mut self, other: &MetricsSnapshot, live: bool) {
+        self.fetch_bytes = self.fetch_bytes.saturating_add(other.fetch_bytes);
+        self.fetch_requests = self.fetch_requests.saturating_add(other.fetch_requests);
+        self.fetch_retries = self.fetch_retries.saturating_add(other.fetch_retries);
+        self.shards_fetched = self.shards_fetched.saturating_add(other.shards_fetched);
+        self.shards_joined = self.shards_joined.saturating_add(other.shards_joined);
+        self.cache_hits = self.cache_hits.saturating_add(other.cache_hits);
+        self.cache_misses = self.cache_misses.saturating_add(other.cache_misses);
+        self.cache_evictions = self.cache_evictions.saturating_add(other.cache_evictions);
+        self.cache_corrupt = self.cache_corrupt.saturating_add(other.cache_corrupt);
+        self.cache_bytes = self.cache_bytes.max(other.cache_bytes);
+        self.samples = self.samples.saturating_add(other.samples);
+        self.sample_bytes = self.sample_bytes.saturating_add(other.sample_bytes);
+        self.sample_reads = self.sample_reads.saturating_add(other.sample_reads);
+        self.deferred_reads = self.deferred_reads.saturating_add(other.deferred_reads);
+        self.stall_seconds += other.stall_seconds;
+        if live {
+            self.memory_in_use = self.memory_in_use.saturating_add(other.memory_in_use);
+            self.memory_limit = self.memory_limit.saturating_add(other.memory_limit);
+        }
+    }
+
     /// The snapshot in Prometheus' text exposition format (version 0.0.4), under the DESIGN §4
     /// names: `shardstream_*`, base units, no per-shard labels.
     pub fn to_prometheus(&self) -> String {
@@ -181,6 +252,165 @@ impl MetricsSnapshot {
     }
 }
 
+/// The folder inside a node's cache folder where its processes publish their counters.
+pub const METRICS_DIR: &str = "metrics";
+/// How often a process that streams publishes its counters at most.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// A file not written for this long belongs to a process that no longer holds memory.
+const LIVE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Publishes one dataset handle's counters of this process into the node folder (see the
+/// module doc). Cheap to call on every sample: a time check unless a second has passed.
+#[derive(Debug, Default)]
+pub(crate) struct Publisher {
+    /// The process that owns `state` (a forked child starts its own).
+    pid: AtomicU32,
+    /// Milliseconds since [`epoch`] at which the next publication is due.
+    due_ms: AtomicU64,
+    state: Mutex<Option<Published>>,
+}
+
+#[derive(Debug)]
+struct Published {
+    file: PathBuf,
+    /// The counters this process had when it started: its parent's, for a forked child.
+    baseline: MetricsSnapshot,
+}
+
+/// The instant the process's clock for [`Publisher`] counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Publisher {
+    /// Makes sure this process publishes into `node_dir`, starting a file of its own (with
+    /// the counters it holds now as the baseline) the first time it is called in a process.
+    pub(crate) fn start(&self, node_dir: &Path, snapshot: impl FnOnce() -> MetricsSnapshot) {
+        let pid = std::process::id();
+        if self.pid.load(Ordering::Acquire) == pid {
+            return;
+        }
+        // `try_lock`: in a child forked while a thread of the parent was publishing, the lock
+        // is held forever; that child then publishes nothing rather than hang.
+        let Ok(mut state) = self.state.try_lock() else {
+            debug!(
+                pid,
+                "metrics publisher busy or inherited locked: this process publishes none"
+            );
+            return;
+        };
+        if self.pid.load(Ordering::Acquire) == pid {
+            return;
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!(
+            "{pid}-{stamp:x}-{}.json",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        *state = Some(Published {
+            file: node_dir.join(METRICS_DIR).join(name),
+            baseline: snapshot(),
+        });
+        self.due_ms.store(0, Ordering::Relaxed);
+        self.pid.store(pid, Ordering::Release);
+    }
+
+    /// Publishes if a second has passed since the last time.
+    pub(crate) fn publish_if_due(&self, snapshot: impl FnOnce() -> MetricsSnapshot) {
+        let now = now_ms();
+        let due = self.due_ms.load(Ordering::Relaxed);
+        if now < due
+            || self
+                .due_ms
+                .compare_exchange(
+                    due,
+                    now + PUBLISH_EVERY.as_millis() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        self.publish(snapshot);
+    }
+
+    /// Publishes now (a stream or dataset going away).
+    pub(crate) fn publish(&self, snapshot: impl FnOnce() -> MetricsSnapshot) {
+        if self.pid.load(Ordering::Acquire) != std::process::id() {
+            return;
+        }
+        let Ok(state) = self.state.lock() else {
+            return;
+        };
+        let Some(published) = state.as_ref() else {
+            return;
+        };
+        let counted = snapshot().since(&published.baseline);
+        if let Err(e) = write_whole(&published.file, &counted) {
+            // Metrics must never fail the data path; a folder that cannot take them is logged.
+            debug!(file = %published.file.display(), error = %e, "cannot publish metrics");
+        }
+    }
+}
+
+fn write_whole(file: &Path, snapshot: &MetricsSnapshot) -> io::Result<()> {
+    let body = serde_json::to_vec(snapshot).map_err(io::Error::other)?;
+    let tmp = file.with_extension("json.tmp");
+    let written = fs::write(&tmp, &body);
+    let written = match written {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(dir) = file.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            fs::write(&tmp, &body)
+        }
+        other => other,
+    };
+    written?;
+    fs::rename(&tmp, file)
+}
+
+/// The sum of the counters every process published into a node folder (see the module doc):
+/// what `shardstream run` serves. A folder with none gives zeros.
+pub fn node_metrics(node_dir: &Path) -> io::Result<MetricsSnapshot> {
+    let dir = node_dir.join(METRICS_DIR);
+    let mut total = MetricsSnapshot::default();
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(total),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        // Written whole by rename: a file that does not parse is not ours, and is skipped.
+        let Ok(bytes) = fs::read(&path) else { continue };
+        let Ok(snapshot) = serde_json::from_slice::<MetricsSnapshot>(&bytes) else {
+            continue;
+        };
+        let live = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age < LIVE_WITHIN);
+        total.add(&snapshot, live);
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +434,69 @@ mod tests {
         assert!(samples
             .iter()
             .all(|l| l.starts_with("shardstream_") && !l.contains('{')));
+    }
+
+    #[test]
+    fn a_node_sums_its_processes_and_a_forked_child_counts_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = Publisher::default();
+        let at_start = MetricsSnapshot {
+            fetch_bytes: 100,
+            samples: 10,
+            ..MetricsSnapshot::default()
+        };
+        parent.start(dir.path(), MetricsSnapshot::default);
+        parent.publish(|| at_start);
+        // A child made by fork inherits 100 bytes; it counts 50 of its own.
+        let child = Publisher::default();
+        child.start(dir.path(), || at_start);
+        child.publish(|| MetricsSnapshot {
+            fetch_bytes: 150,
+            samples: 15,
+            cache_bytes: 7,
+            ..MetricsSnapshot::default()
+        });
+        let node = node_metrics(dir.path()).unwrap();
+        assert_eq!(node.fetch_bytes, 150);
+        assert_eq!(node.samples, 15);
+        assert_eq!(node.cache_bytes, 7);
+        // A second start in the same process keeps its file and baseline.
+        parent.start(dir.path(), || MetricsSnapshot {
+            fetch_bytes: 999,
+            ..MetricsSnapshot::default()
+        });
+        parent.publish(|| MetricsSnapshot {
+            fetch_bytes: 120,
+            ..at_start
+        });
+        assert_eq!(node_metrics(dir.path()).unwrap().fetch_bytes, 170);
+        let files = fs::read_dir(dir.path().join(METRICS_DIR)).unwrap().count();
+        assert_eq!(files, 2);
+    }
+
+    #[test]
+    fn publishing_is_rate_limited_and_a_missing_folder_sums_to_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            node_metrics(dir.path()).unwrap(),
+            MetricsSnapshot::default()
+        );
+        let p = Publisher::default();
+        p.start(dir.path(), MetricsSnapshot::default);
+        let snap = |n| {
+            move || MetricsSnapshot {
+                samples: n,
+                ..MetricsSnapshot::default()
+            }
+        };
+        p.publish_if_due(snap(1));
+        p.publish_if_due(snap(2));
+        assert_eq!(
+            node_metrics(dir.path()).unwrap().samples,
+            1,
+            "the second was not due"
+        );
+        p.publish(snap(3));
+        assert_eq!(node_metrics(dir.path()).unwrap().samples, 3);
     }
 }

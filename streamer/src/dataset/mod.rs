@@ -58,13 +58,13 @@ use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
 
 pub(crate) use engine::hold_proc_slots;
 pub use fetch::{PART_BYTES, WRITE_BYTES};
-pub use metrics::MetricsSnapshot;
+pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
 pub use prefetch::{Prefetch, PrefetchReport};
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedSample};
 
 use engine::{ProcSlot, ShardSource};
-use metrics::Metrics;
+use metrics::{Metrics, Publisher};
 
 use crate::memory::MemoryPlan;
 pub use crate::memory::{DEFAULT_MEMORY_LIMIT, MAX_CHUNK_BYTES, RUN_BYTES};
@@ -141,6 +141,8 @@ pub(crate) struct Inner {
     /// (the budget that enforces it is per process, [`engine::ProcState::budget`]).
     pub memory: MemoryPlan,
     pub metrics: Metrics,
+    /// Publishes this process's counters into the node folder for the node's sum.
+    pub publisher: Publisher,
     pub proc: ProcSlot,
     pub max_shard_bytes: u64,
     /// The retry window in milliseconds (see [`StreamingConfig::retry_window`]).
@@ -190,6 +192,14 @@ pub(crate) struct IndexCopy {
     dir: PathBuf,
     url: String,
     json: Vec<u8>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last counters of this handle in this process (a forked child's copy publishes
+        // nothing: its publisher belongs to its parent until the child starts its own).
+        self.publisher.publish(|| self.snapshot());
+    }
 }
 
 impl Inner {
@@ -385,6 +395,7 @@ impl StreamingDataset {
                 cache_config,
                 memory,
                 metrics: Metrics::default(),
+                publisher: Publisher::default(),
                 proc: ProcSlot::default(),
                 max_shard_bytes: loaded.max_shard_bytes,
                 retry_window_ms: AtomicU64::new(retry_window.as_millis() as u64),
@@ -453,6 +464,8 @@ impl StreamingDataset {
     /// its reads wait for the bytes they need ([`ShardHandle::is_complete`]).
     pub fn shard(&self, shard: usize) -> Result<ShardHandle> {
         let ps = self.proc()?;
+        let inner = &self.inner;
+        inner.publisher.publish_if_due(|| inner.snapshot());
         let fut = engine::open_shard(Arc::clone(&self.inner), Arc::clone(&ps), shard);
         ps.block_on(fut)
     }
@@ -574,6 +587,7 @@ impl StreamingDataset {
                     inner.fresh_locations()
                 })?;
         inner.save_index_copies(&engine);
+        inner.publisher.start(&inner.cache_dir, || inner.snapshot());
         Ok(engine)
     }
 }

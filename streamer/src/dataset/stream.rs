@@ -341,6 +341,8 @@ impl SampleStream {
         if self.failed {
             return None;
         }
+        let ds = &self.ds;
+        ds.publisher.publish_if_due(|| ds.snapshot());
         match self.step() {
             Ok(item) => item.map(Ok),
             Err(e) => {
@@ -806,6 +808,9 @@ impl Drop for SampleStream {
             std::mem::forget(std::mem::take(&mut self.whole));
             std::mem::forget(self.current.take());
             std::mem::forget(self.ps.take());
+        } else {
+            let ds = &self.ds;
+            ds.publisher.publish(|| ds.snapshot());
         }
     }
 }
