@@ -227,6 +227,13 @@ fn emit_children(
     }
 }
 
+/// Whether every part of the relative path `path` can be a directory entry: a part longer than
+/// the kernel's name limit would fail the listing of its whole directory.
+fn names_fit(path: &str) -> bool {
+    path.split('/')
+        .all(|part| part.len() <= crate::names::NAME_MAX)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -274,6 +281,10 @@ impl DatasetFs {
             })?;
             let name = &shard.raw_data.basename;
             check_relative("index.json", name)?;
+            if !names_fit(name) {
+                tracing::warn!(shard = i, basename = %name, "a part of the name is longer than 255 bytes; shard left out of shards/");
+                continue;
+            }
             if !shard_tree.insert(name, ShardLeaf::Shard(i)) {
                 return Err(FsError::Index(
                     shardstream_sharding::FormatError::invalid_index(
@@ -647,7 +658,7 @@ impl DatasetFs {
                 let usable = (n as u64 == len)
                     .then(|| std::str::from_utf8(&buf[..n]).ok())
                     .flatten()
-                    .filter(|p| check_relative("samples", p).is_ok());
+                    .filter(|p| check_relative("samples", p).is_ok() && names_fit(p));
                 match usable {
                     Some(path) if tree.insert(path, sample) => {}
                     _ => {

@@ -79,3 +79,24 @@ fn a_column_name_with_a_slash_or_nul_does_not_break_the_listing() {
     }
     assert!(fs.lookup(SAMPLES_INO, OsStr::new("0.a/b.int")).is_err());
 }
+
+/// A shard basename with a part longer than a file name may be is left out of `shards/`; the
+/// listing still works and names every other shard.
+#[test]
+fn a_shard_name_too_long_for_a_directory_entry_is_left_out() {
+    let long = "y".repeat(300);
+    let text = String::from_utf8(index_with_columns(&[r#""id""#])).unwrap();
+    let shard = text
+        .split_once("[{")
+        .and_then(|(_, rest)| rest.rsplit_once("}]"))
+        .map(|(shard, _)| format!("{{{shard}}}"))
+        .unwrap();
+    let second = shard.replace("shard.00000.mds", &format!("{long}/shard.00001.mds"));
+    let index = format!(r#"{{"shards": [{shard}, {second}], "version": 2}}"#);
+    let fs = DatasetFs::new(Arc::new(IndexOnly(index.into_bytes())), FsConfig::default()).unwrap();
+    assert_eq!(
+        list(&fs, SHARDS_INO)[2..],
+        ["index.json", "shard.00000.mds"]
+    );
+    assert_eq!(fs.num_samples(), 6);
+}
