@@ -21,7 +21,7 @@ use shardstream_sharding::safe_path::check_relative;
 
 use crate::error::{FsError, Result};
 use crate::layout::ShardLayout;
-use crate::names::{parse_index, sample_file_name, Naming};
+use crate::names::{column_file_names, parse_index, sample_file_name, Naming};
 use crate::readahead::Readahead;
 use crate::source::{DatasetSource, ShardData};
 use crate::tree::{Node, Tree};
@@ -175,6 +175,9 @@ pub struct DatasetFs {
     config: FsConfig,
     index: Index,
     columns: Vec<(String, String)>,
+    /// Each column's part of its `samples/` file names, `None` for one left out (see
+    /// [`column_file_names`]).
+    column_files: Vec<Option<String>>,
     fixed: Vec<Option<u64>>,
     /// First global sample of each shard, and the total at the end.
     starts: Vec<u64>,
@@ -224,6 +227,13 @@ fn emit_children(
     }
 }
 
+/// Whether every part of the relative path `path` can be a directory entry: a part longer than
+/// the kernel's name limit would fail the listing of its whole directory.
+fn names_fit(path: &str) -> bool {
+    path.split('/')
+        .all(|part| part.len() <= crate::names::NAME_MAX)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -263,9 +273,18 @@ impl DatasetFs {
         shard_tree.insert("index.json", ShardLeaf::Index);
         for (i, shard) in index.shards.iter().enumerate() {
             starts.push(total);
-            total += shard.samples;
+            total = total.checked_add(shard.samples).ok_or_else(|| {
+                FsError::Index(shardstream_sharding::FormatError::invalid_index(
+                    "index.json",
+                    "the shards hold more than 2^64 samples",
+                ))
+            })?;
             let name = &shard.raw_data.basename;
             check_relative("index.json", name)?;
+            if !names_fit(name) {
+                tracing::warn!(shard = i, basename = %name, "a part of the name is longer than 255 bytes; shard left out of shards/");
+                continue;
+            }
             if !shard_tree.insert(name, ShardLeaf::Shard(i)) {
                 return Err(FsError::Index(
                     shardstream_sharding::FormatError::invalid_index(
@@ -276,7 +295,27 @@ impl DatasetFs {
             }
         }
         starts.push(total);
+        // Every sample file needs an inode above SAMPLE_BASE.
+        let sample_files = total.checked_mul(columns.len() as u64);
+        if sample_files
+            .and_then(|n| n.checked_add(SAMPLE_BASE))
+            .is_none()
+        {
+            return Err(FsError::Index(
+                shardstream_sharding::FormatError::invalid_index(
+                    "index.json",
+                    format!(
+                        "{total} samples of {} columns are more files than a mount can number",
+                        columns.len()
+                    ),
+                ),
+            ));
+        }
         let naming = Naming::detect(&columns, total, config.by_path);
+        let column_files = match naming {
+            Naming::ByIndex { width } => column_file_names(&columns, width),
+            Naming::ByPath { .. } => Vec::new(),
+        };
         let max_shard = index
             .shards
             .iter()
@@ -307,6 +346,7 @@ impl DatasetFs {
             config,
             index,
             columns,
+            column_files,
             fixed,
             starts,
             naming,
@@ -362,6 +402,13 @@ impl DatasetFs {
             }
             _ => return Err(unknown),
         })
+    }
+
+    /// Column `column`'s part of its file names and its encoding, `None` when it is left out
+    /// of `samples/`.
+    fn column_file(&self, column: usize) -> Option<(&str, &str)> {
+        let file = self.column_files.get(column)?.as_deref()?;
+        Some((file, self.columns.get(column)?.1.as_str()))
     }
 
     fn shard_node_ino(id: u64) -> u64 {
@@ -611,7 +658,7 @@ impl DatasetFs {
                 let usable = (n as u64 == len)
                     .then(|| std::str::from_utf8(&buf[..n]).ok())
                     .flatten()
-                    .filter(|p| check_relative("samples", p).is_ok());
+                    .filter(|p| check_relative("samples", p).is_ok() && names_fit(p));
                 match usable {
                     Some(path) if tree.insert(path, sample) => {}
                     _ => {
@@ -661,7 +708,9 @@ impl DatasetFs {
                 }
             }
             Target::SampleColumn { sample, column } => {
-                if !matches!(self.naming, Naming::ByIndex { .. }) {
+                if !matches!(self.naming, Naming::ByIndex { .. })
+                    || self.column_file(column).is_none()
+                {
                     return Err(FsError::UnknownInode { ino });
                 }
                 Ok(self.file_attr(ino, self.column_size(sample, column)?))
@@ -701,10 +750,12 @@ impl DatasetFs {
                     let sample = parse_index(name)
                         .filter(|&s| s < self.num_samples())
                         .ok_or_else(not_found)?;
-                    let column = self
-                        .columns
-                        .iter()
-                        .position(|(c, enc)| sample_file_name(width, sample, c, enc) == name)
+                    let column = (0..self.columns.len())
+                        .position(|c| {
+                            self.column_file(c).is_some_and(|(file, enc)| {
+                                sample_file_name(width, sample, file, enc) == name
+                            })
+                        })
                         .ok_or_else(not_found)?;
                     self.sample_ino(sample, column)
                 }
@@ -773,13 +824,21 @@ impl DatasetFs {
             Target::SamplesDir | Target::PathNode(_) => match self.naming {
                 Naming::ByIndex { width } if ino == SAMPLES_INO => {
                     let ncols = self.columns.len() as u64;
-                    let total = self.num_samples() * ncols;
+                    // No listable column: nothing to list (and no walk over every sample).
+                    let total = if self.column_files.iter().any(Option::is_some) {
+                        self.num_samples().saturating_mul(ncols)
+                    } else {
+                        0
+                    };
                     let mut k = pos - 2;
                     while k < total {
                         let (sample, column) = (k / ncols, (k % ncols) as usize);
-                        let (col, enc) = &self.columns[column];
-                        let name = sample_file_name(width, sample, col, enc);
                         k += 1;
+                        // A column left out keeps its positions, so offsets stay stable.
+                        let Some((file, enc)) = self.column_file(column) else {
+                            continue;
+                        };
+                        let name = sample_file_name(width, sample, file, enc);
                         if add(self.sample_ino(sample, column), k + 2, Kind::File, &name) {
                             break;
                         }
@@ -961,7 +1020,8 @@ impl DatasetFs {
     /// Figures for `statfs`.
     pub fn statfs(&self) -> StatFs {
         let bytes = self.index.shards.iter().map(|s| s.raw_data.bytes).sum();
-        let files = self.shard_tree.len() as u64 + self.num_samples() * self.columns.len() as u64;
+        let files = (self.shard_tree.len() as u64)
+            .saturating_add(self.num_samples().saturating_mul(self.columns.len() as u64));
         StatFs {
             bytes,
             files,
@@ -974,3 +1034,6 @@ impl DatasetFs {
         FsError::ReadOnly { op }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,16 @@
 //! File names of the `samples/` view: `<index>.<column>.<ext>`, and the column that gives the
 //! original relative paths for datasets made from a folder or an ImageFolder tree.
+//!
+//! Column names come from the index, so they are untrusted. A `/` or NUL in a directory entry
+//! makes the kernel fail the whole listing with EIO, so [`escape_column`] writes them `%2F` and
+//! `%00`; a column whose file names would still be unusable (longer than [`NAME_MAX`], or equal
+//! to another column's after escaping) is left out of `samples/` with a warning, and every
+//! other column is listed as usual ([`column_file_names`]).
+
+use std::borrow::Cow;
+
+/// The longest file name a lookup accepts (Linux `NAME_MAX`).
+pub const NAME_MAX: usize = 255;
 
 /// The file extension for a column of `encoding`.
 pub fn extension(encoding: &str) -> &str {
@@ -65,6 +76,42 @@ pub fn sample_file_name(width: usize, index: u64, column: &str, encoding: &str) 
     format!("{index:0width$}.{column}.{}", extension(encoding))
 }
 
+/// `name` as it appears in file names: `/` as `%2F` and NUL as `%00`, which no file name may
+/// hold; any other name unchanged.
+pub fn escape_column(name: &str) -> Cow<'_, str> {
+    if !name.contains(['/', '\0']) {
+        return Cow::Borrowed(name);
+    }
+    Cow::Owned(name.replace('/', "%2F").replace('\0', "%00"))
+}
+
+/// The column part of each column's file names (`columns` are `(name, encoding)` in index
+/// order; `width` digits of sample index): the escaped name, or `None` for a column left out of
+/// `samples/` because its names would pass [`NAME_MAX`] or another column already has them.
+pub fn column_file_names(columns: &[(String, String)], width: usize) -> Vec<Option<String>> {
+    let mut taken = std::collections::HashSet::new();
+    columns
+        .iter()
+        .map(|(name, encoding)| {
+            let escaped = escape_column(name).into_owned();
+            // `<index>.<column>.<ext>`: the longest index has `width` digits.
+            let longest = width + escaped.len() + extension(encoding).len() + 2;
+            let reason = if longest > NAME_MAX {
+                "its file names would be longer than 255 bytes"
+            } else if !taken.insert((escaped.clone(), extension(encoding).to_string())) {
+                "its escaped name is another column's"
+            } else {
+                if escaped != *name {
+                    tracing::warn!(column = ?name, listed_as = %escaped, "column name escaped in samples/");
+                }
+                return Some(escaped);
+            };
+            tracing::warn!(column = ?name, reason, "column left out of samples/");
+            None
+        })
+        .collect()
+}
+
 /// The sample index a by-index name starts with (its digits before the first dot).
 pub fn parse_index(name: &str) -> Option<u64> {
     let digits = name.split('.').next()?;
@@ -110,6 +157,31 @@ mod tests {
         assert_eq!(
             Naming::detect(&other, 1, true),
             Naming::ByIndex { width: 1 }
+        );
+    }
+
+    /// Issue 40, row 11: a column name holding `/` or NUL is escaped, a too long one is left
+    /// out, and the other columns keep their names.
+    #[test]
+    fn bad_column_names_are_escaped_or_left_out() {
+        let long = "x".repeat(250);
+        let columns = cols(&[
+            ("a/b", "bytes"),
+            ("a%2Fb", "bytes"),
+            ("id", "int"),
+            ("n\0ul", "str"),
+            (&long, "bytes"),
+        ]);
+        let names = column_file_names(&columns, 3);
+        assert_eq!(
+            names,
+            [
+                Some("a%2Fb".to_string()),
+                None,
+                Some("id".to_string()),
+                Some("n%00ul".to_string()),
+                None
+            ]
         );
     }
 

@@ -6,6 +6,7 @@
 //! - [`litdata`]: LitData `optimize()` output, read.
 //! - [`input`]: raw inputs (a folder of files, an ImageFolder tree, JSONL) turned into samples.
 //! - [`compression`] and [`hashing`]: the algorithms the formats name.
+//! - [`index_file`]: the size cap on index files.
 //!
 //! Every decoder of untrusted bytes is bounds-checked: a size field never makes it read past a
 //! buffer or allocate more than the bytes it was given, and errors name the file and the problem.
@@ -20,6 +21,7 @@
 pub mod compression;
 pub mod error;
 pub mod hashing;
+pub mod index_file;
 pub mod input;
 pub mod litdata;
 pub mod mds;

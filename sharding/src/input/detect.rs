@@ -87,7 +87,7 @@ fn by_file_name(name: &str) -> Option<InputFormat> {
 
 /// `mds` or `litdata`, from the keys of an `index.json`.
 pub fn index_format(index: &Path) -> Result<InputFormat> {
-    let text = std::fs::read(index).map_err(|e| FormatError::io(index, e))?;
+    let text = crate::index_file::read_index_file(index)?;
     let json: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| FormatError::invalid_index(index.display().to_string(), e.to_string()))?;
     index_format_of(&json).ok_or_else(|| {

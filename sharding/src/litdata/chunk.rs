@@ -69,16 +69,24 @@ pub(crate) fn chunk_label(index: &LitDataIndex, filename: &str) -> String {
 }
 
 fn inflate(src: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
-    let decoder = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
+    inflate_into(src, limit, &mut out)?;
+    Ok(out)
+}
+
+/// Inflates `src` into `out`, failing once it would pass `limit` bytes: the decoder is read
+/// through a `take` of `limit + 1`, so at most that much is ever produced, whatever the stream
+/// holds.
+fn inflate_into(src: &[u8], limit: u64, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let decoder = zstd::stream::read::Decoder::with_buffer(src).map_err(|e| e.to_string())?;
     decoder
         .take(limit.saturating_add(1))
-        .read_to_end(&mut out)
+        .read_to_end(out)
         .map_err(|e| e.to_string())?;
     if out.len() as u64 > limit {
         return Err(format!("inflates to more than {limit} bytes"));
     }
-    Ok(out)
+    Ok(())
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -167,12 +175,16 @@ impl LitDataChunk {
             }
         };
         let data = if whole_file_zstd {
-            let data = inflate(&file, options.max_inflated_size).map_err(|reason| {
-                FormatError::Decompress {
-                    path: path.clone(),
-                    algorithm: "zstd".into(),
-                    reason,
-                }
+            // The index declares the inflated size: inflating stops there, not at the 4 GiB
+            // any chunk could take, so a small bomb costs no more memory than its honest chunk.
+            let (limit, declared) = match info.chunk_bytes {
+                Some(b) if b <= options.max_inflated_size => (b, " (the index's chunk_bytes)"),
+                _ => (options.max_inflated_size, ""),
+            };
+            let data = inflate(&file, limit).map_err(|reason| FormatError::Decompress {
+                path: path.clone(),
+                algorithm: "zstd".into(),
+                reason: format!("{reason}{declared}"),
             })?;
             check_size(&path, info.chunk_bytes, data.len())?;
             data
@@ -473,5 +485,79 @@ fn check_size(path: &str, expected: Option<u64>, actual: usize) -> Result<()> {
             actual: actual as u64,
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zstd stream of `size` zero bytes: a bomb when `size` is large (a few KB per 100 MB).
+    fn zeros_zstd(size: usize) -> Vec<u8> {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        let block = vec![0u8; 1 << 20];
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(block.len());
+            std::io::Write::write_all(&mut encoder, &block[..n]).unwrap();
+            left -= n;
+        }
+        encoder.finish().unwrap()
+    }
+
+    fn whole_file_zstd_index(chunk_bytes: u64) -> LitDataIndex {
+        let text = format!(
+            r#"{{"chunks": [{{"filename": "chunk-0-0.zstd.bin", "chunk_size": 1,
+            "chunk_bytes": {chunk_bytes}, "dim": null}}],
+            "config": {{"compression": "zstd", "data_format": ["int"]}}}}"#
+        );
+        LitDataIndex::parse("ds/index.json", text.as_bytes()).unwrap()
+    }
+
+    /// Issue 40, row 2: a whole-file zstd chunk the index says is 32 bytes, inflating to far
+    /// more, was inflated up to the 4 GiB any chunk may take (4.2 GB RSS for a 3 GB bomb) before
+    /// its size was compared. Inflation now stops at the declared size: the decoder's bounded
+    /// reader produces at most 33 bytes, and the error names the chunk and the limit.
+    #[test]
+    fn a_zstd_bomb_stops_at_the_chunk_bytes_the_index_declares() {
+        let bomb = zeros_zstd(256 << 20);
+        assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+
+        let mut produced = Vec::new();
+        let err = inflate_into(&bomb, 32, &mut produced).unwrap_err();
+        assert!(err.contains("more than 32 bytes"), "{err}");
+        assert!(produced.len() <= 33, "{} bytes produced", produced.len());
+        // What was allocated, not only what was kept: the slack of the first growth step.
+        assert!(
+            produced.capacity() <= 64 << 10,
+            "{} bytes reserved",
+            produced.capacity()
+        );
+
+        let index = whole_file_zstd_index(32);
+        let err = LitDataChunk::parse(&index, 0, bomb, &LitDataOptions::default()).unwrap_err();
+        match &err {
+            FormatError::Decompress { path, reason, .. } => {
+                assert_eq!(path, "ds/chunk-0-0.zstd.bin");
+                assert!(reason.contains("more than 32 bytes"), "{reason}");
+                assert!(reason.contains("chunk_bytes"), "{reason}");
+            }
+            other => panic!("expected a decompression error, got {other}"),
+        }
+    }
+
+    /// An honest whole-file zstd chunk inflates to exactly its declared size and still reads.
+    #[test]
+    fn a_whole_file_zstd_chunk_of_its_declared_size_reads() {
+        let mut raw = Vec::new();
+        // One item of one `int` leaf: count, offsets 12..24, the leaf's size, the leaf.
+        for word in [1u32, 12, 24, 8] {
+            raw.extend_from_slice(&word.to_le_bytes());
+        }
+        raw.extend_from_slice(&7i64.to_le_bytes());
+        let index = whole_file_zstd_index(raw.len() as u64);
+        let packed = zstd::encode_all(raw.as_slice(), 3).unwrap();
+        let chunk = LitDataChunk::parse(&index, 0, packed, &LitDataOptions::default()).unwrap();
+        assert_eq!(chunk.len(), 1);
     }
 }

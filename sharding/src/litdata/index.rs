@@ -211,6 +211,14 @@ impl LitDataIndex {
                 .get("chunk_size")
                 .and_then(Json::as_u64)
                 .ok_or_else(|| bad(format!("chunk {i} ({filename}): missing \"chunk_size\"")))?;
+            // A chunk counts its items in a u32; a larger count is hostile, and would let the
+            // total wrap.
+            if chunk_size > u64::from(u32::MAX) {
+                return Err(bad(format!(
+                    "chunk {i} ({filename}): chunk_size {chunk_size} is more than a chunk holds \
+                     (2^32 - 1 items)"
+                )));
+            }
             chunks.push(ChunkInfo {
                 filename: filename.to_string(),
                 chunk_size,
@@ -297,7 +305,11 @@ impl LitDataIndex {
 
     /// Total items over all chunks.
     pub fn num_samples(&self) -> u64 {
-        self.chunks.iter().map(|c| c.chunk_size).sum()
+        // Saturating: each count is under 2^32, so only an absurd number of chunks could reach
+        // the top, and that must not wrap or panic.
+        self.chunks
+            .iter()
+            .fold(0u64, |total, c| total.saturating_add(c.chunk_size))
     }
 
     /// Whether chunk files are whole-file zstd streams to inflate before reading.
@@ -350,6 +362,26 @@ mod tests {
             ["0"]
         );
         assert!(TreeSpec::parse(&format!("[2, {leaf}]")).is_err());
+    }
+
+    /// A LitData chunk count near 2^64 is refused at parse (the total would wrap otherwise).
+    #[test]
+    fn a_chunk_size_past_u32_is_refused() {
+        let index = |n: u64| {
+            format!(
+                r#"{{"chunks": [{{"filename": "a.bin", "chunk_size": {n}}},
+                {{"filename": "b.bin", "chunk_size": {n}}}], "config": {{"data_format": ["int"]}}}}"#
+            )
+        };
+        let err = LitDataIndex::parse("ds/index.json", index(u64::MAX).as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("ds/index.json: invalid index: chunk 0 (a.bin)"),
+            "{err}"
+        );
+        let ok = LitDataIndex::parse("ds/index.json", index(u64::from(u32::MAX)).as_bytes());
+        assert_eq!(ok.unwrap().num_samples(), 2 * u64::from(u32::MAX));
     }
 
     #[test]

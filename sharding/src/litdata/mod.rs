@@ -78,7 +78,7 @@ impl LitDataReader {
     pub fn open(dir: impl AsRef<Path>, options: LitDataOptions) -> Result<Self> {
         let root = dir.as_ref().to_path_buf();
         let path = root.join(INDEX_FILENAME);
-        let bytes = std::fs::read(&path).map_err(|e| FormatError::io(&path, e))?;
+        let bytes = crate::index_file::read_index_file(&path)?;
         let index = LitDataIndex::parse(&path.display().to_string(), &bytes)?;
         Ok(LitDataReader {
             root,

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use crate::error::{FormatError, Result};
 use crate::hashing::{verify_hash, HashAlgorithm, Hasher};
+use crate::index_file::read_index_file;
 use crate::mds::index::{FileInfo, Index, ShardInfo};
 use crate::mds::shard::{check_shard_header, shard_header_len, Columns, ShardReader};
 use crate::mds::writer::INDEX_BASENAME;
@@ -187,7 +188,7 @@ impl MdsDataset {
         }
         let index_path = dir.join(INDEX_BASENAME);
         let index_name = index_path.display().to_string();
-        let bytes = std::fs::read(&index_path).map_err(|e| FormatError::io(&index_path, e))?;
+        let bytes = read_index_file(&index_path)?;
         let index = Index::from_json(&index_name, &bytes)?;
         let mut columns: Vec<Arc<Columns>> = Vec::with_capacity(index.shards.len());
         for shard in &index.shards {
@@ -230,13 +231,32 @@ impl MdsDataset {
         })
     }
 
+    /// The bytes of `file`, `None` when it is missing. Its size on disk is checked against the
+    /// index before reading, so a file that is not what the index says is never read whole.
     fn read(&self, file: &FileInfo) -> Result<Option<(String, Vec<u8>)>> {
         let path = self.dir.join(&file.basename);
-        match std::fs::read(&path) {
-            Ok(data) => Ok(Some((path.display().to_string(), data))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(FormatError::io(&path, e)),
+        let mut opened = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(FormatError::io(&path, e)),
+        };
+        let name = path.display().to_string();
+        let actual = opened
+            .metadata()
+            .map_err(|e| FormatError::io(&path, e))?
+            .len();
+        if actual != file.bytes {
+            return Err(FormatError::SizeMismatch {
+                path: name,
+                expected: file.bytes,
+                actual,
+            });
         }
+        // The index's size is bounded at parse time (see `ShardInfo::validate`).
+        let mut data = Vec::with_capacity(usize::try_from(actual).unwrap_or(0));
+        std::io::Read::read_to_end(&mut opened, &mut data)
+            .map_err(|e| FormatError::io(&path, e))?;
+        Ok(Some((name, data)))
     }
 
     fn missing(&self, shard: &ShardInfo) -> FormatError {

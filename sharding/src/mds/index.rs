@@ -8,8 +8,10 @@
 //! Parsing checks what a reader relies on, and names the file in every error: valid JSON,
 //! version 2 at both levels, format `mds`, column lists of equal length with known encodings and
 //! the sizes those encodings imply, a known compression with `zip_data` present exactly when it is
-//! set, basenames that stay inside the dataset folder and are unique, and raw sizes that can hold
-//! the shard header and fit the format's u32 offsets.
+//! set, basenames that stay inside the dataset folder and are unique, raw sizes that can hold
+//! the shard header and fit the format's u32 offsets, and compressed sizes no larger than their
+//! raw size can compress to ([`max_compressed_bytes`]). Counts and sizes are untrusted: they are
+//! checked with checked arithmetic, so the checks hold with or without overflow checks.
 //!
 //! ```
 //! use shardstream_sharding::mds::Index;
@@ -81,6 +83,20 @@ pub struct FileInfo {
 /// The largest shard the format can address (offsets are u32).
 pub const MAX_SHARD_BYTES: u64 = u32::MAX as u64;
 
+/// The most bytes a compressed file of `raw` bytes can take: every algorithm MDS names
+/// expands incompressible data by less than a quarter (snappy, the worst, by a sixth) plus a
+/// frame header. Bounding `zip_data.bytes` by it keeps an index from declaring a file (and making
+/// a reader reserve room for one) far larger than any real shard.
+pub fn max_compressed_bytes(raw: u64) -> u64 {
+    raw.saturating_add(raw / 4).saturating_add(4096)
+}
+
+/// The shard header's size for `samples` samples (`u32` count and `samples + 1` offsets), `None`
+/// past `u64`.
+fn header_bytes(samples: u64) -> Option<u64> {
+    samples.checked_add(1)?.checked_mul(4)?.checked_add(4)
+}
+
 impl Index {
     /// Parses and validates index bytes read from `path` (used in error messages).
     ///
@@ -151,9 +167,12 @@ impl Index {
             .min()
     }
 
-    /// Total samples over all shards.
+    /// Total samples over all shards. A validated index cannot overflow it (each shard holds
+    /// under 2^30 samples); saturating keeps an unvalidated one from panicking or wrapping.
     pub fn num_samples(&self) -> u64 {
-        self.shards.iter().map(|s| s.samples).sum()
+        self.shards
+            .iter()
+            .fold(0u64, |total, s| total.saturating_add(s.samples))
     }
 
     /// The index as Mosaic's writer writes it: `json.dump(obj, sort_keys=True)`.
@@ -223,12 +242,24 @@ impl ShardInfo {
         for file in std::iter::once(&self.raw_data).chain(&self.zip_data) {
             check_relative(path, &file.basename)?;
         }
-        let header = 4 + 4 * (self.samples.saturating_add(1));
-        if self.raw_data.bytes < header || self.raw_data.bytes > MAX_SHARD_BYTES {
+        // Checked: a count near 2^64 must not wrap to a small header in a release build.
+        let header = header_bytes(self.samples);
+        if header.is_none_or(|h| self.raw_data.bytes < h) || self.raw_data.bytes > MAX_SHARD_BYTES {
+            let header = header.map_or_else(|| "over 2^64".to_string(), |h| h.to_string());
             return Err(bad(format!(
                 "raw size {} cannot hold {} samples (header {header} bytes, limit {MAX_SHARD_BYTES})",
                 self.raw_data.bytes, self.samples
             )));
+        }
+        if let Some(zip) = &self.zip_data {
+            let most = max_compressed_bytes(self.raw_data.bytes);
+            if zip.bytes > most {
+                return Err(bad(format!(
+                    "compressed size {} is more than {most} bytes, the most {} raw bytes take \
+                     compressed",
+                    zip.bytes, self.raw_data.bytes
+                )));
+            }
         }
         Ok(())
     }
@@ -376,6 +407,74 @@ mod tests {
         }
         let repeated = Index::from_json("index.json", cases[3].as_bytes());
         assert!(repeated.is_ok_and(|i| i.shards.len() == 1));
+    }
+
+    /// One shard of `samples` samples, `raw` raw bytes and, when given, `zip` compressed bytes.
+    fn one_shard_index(samples: &str, raw: u64, zip: Option<&str>) -> String {
+        let (compression, zip_data) = match zip {
+            Some(bytes) => (
+                r#""zstd""#.to_string(),
+                format!(
+                    r#"{{"basename": "shard.00000.mds.zstd", "bytes": {bytes}, "hashes": {{}}}}"#
+                ),
+            ),
+            None => ("null".to_string(), "null".to_string()),
+        };
+        format!(
+            r#"{{"shards": [{{"column_encodings": ["int"], "column_names": ["id"],
+            "column_sizes": [8], "compression": {compression}, "format": "mds", "hashes": [],
+            "raw_data": {{"basename": "shard.00000.mds", "bytes": {raw}, "hashes": {{}}}},
+            "samples": {samples}, "size_limit": null, "version": 2, "zip_data": {zip_data}}}],
+            "version": 2}}"#
+        )
+    }
+
+    /// Issue 40, row 3: `samples` of 2^62 - 1 or 2^64 - 1 wrapped the header size to a few
+    /// bytes in release builds (and panicked in debug ones), so the index was accepted and
+    /// claimed 4.6e18 samples. Refused in both profiles now, naming the file and the count.
+    #[test]
+    fn a_sample_count_near_2_pow_64_is_refused_not_wrapped() {
+        for samples in [(1u64 << 62) - 1, 1 << 62, u64::MAX - 1, u64::MAX] {
+            let text = one_shard_index(&samples.to_string(), 4096, None);
+            let err = Index::from_json("ds/index.json", text.as_bytes())
+                .expect_err("a hostile sample count is refused")
+                .to_string();
+            assert!(
+                err.starts_with("ds/index.json: invalid index: shard 0"),
+                "{err}"
+            );
+            assert!(err.contains(&samples.to_string()), "{err}");
+        }
+        // The largest count 4096 raw bytes hold still passes.
+        let fits = one_shard_index("1022", 4096, None);
+        assert!(Index::from_json("ds/index.json", fits.as_bytes()).is_ok());
+        let over = one_shard_index("1023", 4096, None);
+        assert!(Index::from_json("ds/index.json", over.as_bytes()).is_err());
+    }
+
+    /// Issue 40, row 4: `zip_data.bytes` of 2^62 was accepted, and a stream reserved that much
+    /// budget for the download before failing. Refused at parse, naming the file and the size.
+    #[test]
+    fn a_compressed_size_past_what_the_raw_size_allows_is_refused() {
+        for bytes in [1u64 << 62, u64::MAX, max_compressed_bytes(4096) + 1] {
+            let text = one_shard_index("10", 4096, Some(&bytes.to_string()));
+            let err = Index::from_json("ds/index.json", text.as_bytes())
+                .expect_err("a hostile compressed size is refused")
+                .to_string();
+            assert!(
+                err.starts_with("ds/index.json: invalid index: shard 0"),
+                "{err}"
+            );
+            assert!(err.contains(&format!("compressed size {bytes}")), "{err}");
+        }
+        // Incompressible data grows a little when compressed: that stays readable.
+        for bytes in ["1", "4096", "4200", &max_compressed_bytes(4096).to_string()] {
+            let text = one_shard_index("10", 4096, Some(bytes));
+            assert!(
+                Index::from_json("ds/index.json", text.as_bytes()).is_ok(),
+                "{bytes}"
+            );
+        }
     }
 
     /// The sorted search for a repeated basename finds what a set filled in index order finds.

@@ -48,7 +48,7 @@ pub use dataset::{
     decode_stored_shard, verify_file, verify_raw_shard_file, DatasetOptions, MdsDataset,
 };
 pub use encoding::Encoding;
-pub use index::{merge_indexes, FileInfo, Index, ShardInfo, MAX_SHARD_BYTES};
+pub use index::{max_compressed_bytes, merge_indexes, FileInfo, Index, ShardInfo, MAX_SHARD_BYTES};
 pub use shard::{check_shard_header, encode_shard, shard_header_len, Columns, ShardReader};
 pub use sink::{LocalDirSink, ShardSink};
 pub use writer::{MdsWriter, MdsWriterOptions, DEFAULT_SIZE_LIMIT, INDEX_BASENAME};
