@@ -63,7 +63,8 @@ pub async fn open(
     if root.local_root().is_some_and(|dir| !dir.exists()) {
         bail!("{spec}: no such file or folder");
     }
-    let index = match root.get("index.json").await {
+    let max_index = shardstream_sharding::index_file::max_index_bytes();
+    let index = match root.get_at_most("index.json", max_index).await {
         Ok(bytes) => Some(bytes),
         Err(StorageError::NotFound { .. }) => None,
         Err(e) => {

@@ -56,9 +56,15 @@ pub fn check_index_size(path: &str, size: u64) -> Result<()> {
 /// Fails when an index of `size` bytes at `path` is over `limit`.
 pub fn check_index_size_with(path: &str, size: u64, limit: u64) -> Result<()> {
     if size > limit {
-        return Err(too_large(path, &size.to_string(), limit));
+        return Err(oversized_index(path, size, limit));
     }
     Ok(())
+}
+
+/// The error for an index of `size` bytes at `path`, over the cap `limit` (for a caller that
+/// learnt the size itself, from a storage response).
+pub fn oversized_index(path: &str, size: u64, limit: u64) -> FormatError {
+    too_large(path, &size.to_string(), limit)
 }
 
 fn too_large(path: &str, size: &str, limit: u64) -> FormatError {

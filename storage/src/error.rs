@@ -68,6 +68,17 @@ pub enum StorageError {
         /// Bytes seen.
         actual: u64,
     },
+    /// The object is larger than the caller allows for it (an index or manifest read whole):
+    /// refused from its size before its bytes are fetched.
+    #[error("{url} has {size} bytes, more than the {limit} allowed for it")]
+    TooLarge {
+        /// Full URL of the object.
+        url: String,
+        /// Its size.
+        size: u64,
+        /// The most the caller accepts.
+        limit: u64,
+    },
     /// Credentials were refused or missing.
     #[error("permission denied for {url}: {source}")]
     PermissionDenied {

@@ -6,6 +6,7 @@
 #[macro_use]
 mod common;
 
+mod bounded;
 mod decorators;
 mod faults;
 mod s3_moto;

@@ -78,7 +78,7 @@ pub async fn merge(root: &Location) -> anyhow::Result<MergeSummary> {
         let rel = format!("{part}/index.json");
         let url = root.url_of(&rel);
         let text = root
-            .get(&rel)
+            .get_at_most(&rel, shardstream_sharding::index_file::max_index_bytes())
             .await
             .with_context(|| format!("cannot read {url}"))?;
         let index: Json =

@@ -252,7 +252,7 @@ fn print_report(report: &TransferReport, verb: &str, args: &TransferArgs) {
 }
 
 fn is_mds_folder(dir: &Path) -> bool {
-    std::fs::read(dir.join("index.json"))
+    shardstream_sharding::index_file::read_index_file(&dir.join("index.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .is_some_and(|j| j.get("shards").is_some())

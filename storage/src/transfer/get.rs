@@ -198,6 +198,15 @@ impl Location {
             .await
     }
 
+    /// [`Location::get`] of an object whose size is untrusted (an index, a manifest): an object
+    /// over `limit` bytes is [`StorageError::TooLarge`], known from the first response's size,
+    /// before the rest of it is fetched or any buffer for it is allocated.
+    pub async fn get_at_most(&self, rel: &str, limit: u64) -> Result<Bytes> {
+        let opts = self.options();
+        self.get_bounded(rel, opts.chunk_size, opts.concurrency, Some(limit))
+            .await
+    }
+
     /// The whole object `rel`, as ranged GETs of `chunk_size` bytes, `concurrency` at a time.
     ///
     /// The first request learns the size; the rest go in parallel, pinned to the first
@@ -208,9 +217,28 @@ impl Location {
         chunk_size: usize,
         concurrency: usize,
     ) -> Result<Bytes> {
+        self.get_bounded(rel, chunk_size, concurrency, None).await
+    }
+
+    async fn get_bounded(
+        &self,
+        rel: &str,
+        chunk_size: usize,
+        concurrency: usize,
+        limit: Option<u64>,
+    ) -> Result<Bytes> {
         let path = self.path(rel)?;
-        let chunk = chunk_size.max(1) as u64;
+        let chunk = limit.map_or(chunk_size.max(1) as u64, |l| {
+            (chunk_size.max(1) as u64).min(l.saturating_add(1))
+        });
         let (head, meta) = first_request(self, rel, &path, 0..chunk).await?;
+        if let Some(limit) = limit.filter(|&l| meta.size > l) {
+            return Err(StorageError::TooLarge {
+                url: self.url_of(rel),
+                size: meta.size,
+                limit,
+            });
+        }
         let fetched = head.len() as u64;
         if fetched >= meta.size {
             return Ok(head);

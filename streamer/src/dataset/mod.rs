@@ -875,20 +875,14 @@ fn read_index(location: &Location) -> Result<Vec<u8>> {
     // fork right after it is safe.
     let location = location.clone();
     rt.block_on(async move {
-        // The index is read whole: its size is checked against the cap before it is fetched
-        // (and again after, for an object replaced in between).
+        // The index is read whole: its size (untrusted) is checked against the cap from the
+        // first response, before the rest is fetched.
         let url = location.url_of("index.json");
-        let bytes = match location.head("index.json").await {
-            Ok(info) => {
-                shardstream_sharding::index_file::check_index_size(&url, info.size)?;
-                location.get("index.json").await
-            }
-            Err(e) => Err(e),
-        };
-        match bytes {
-            Ok(bytes) => {
-                shardstream_sharding::index_file::check_index_size(&url, bytes.len() as u64)?;
-                Ok(bytes.to_vec())
+        let limit = shardstream_sharding::index_file::max_index_bytes();
+        match location.get_at_most("index.json", limit).await {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(StorageError::TooLarge { size, limit, .. }) => {
+                Err(shardstream_sharding::index_file::oversized_index(&url, size, limit).into())
             }
             Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
             Err(e) => Err(e.into()),
