@@ -17,6 +17,7 @@ use shardstream_launcher::{
 };
 use tracing::{info, warn};
 
+use crate::metrics_server;
 use crate::node_args::NodeArgs;
 use crate::Global;
 
@@ -29,6 +30,11 @@ pub struct RunArgs {
     /// Which node's cache.
     #[command(flatten)]
     pub node: NodeArgs,
+    /// Serve the node's metrics for Prometheus on this address (e.g. 0.0.0.0:9464): the sum of
+    /// the counters of every process of the node that streams (ranks, DataLoader workers,
+    /// mounts), including those that already exited.
+    #[arg(long, env = "SHARDSTREAM_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// Mount DATASET at PATH (with `shardstream mount`) for the command's lifetime
     /// (repeatable); the command starts once every mount is ready.
     #[arg(long, value_name = "DATASET:PATH")]
@@ -60,6 +66,22 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
     let lease = prepare_cache_dir(&dir, &resolved)
         .with_context(|| format!("preparing the cache folder {}", dir.display()))?;
     info!(cache_dir = %lease.dir().display(), "cache folder ready");
+    // Served until this process exits: the node's sum, read from the folder at each scrape.
+    let _metrics = match args.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
+        Some(addr) => {
+            let node = lease.dir().to_path_buf();
+            Some(metrics_server::serve(addr, move || {
+                match shardstream_streamer::dataset::node_metrics(&node) {
+                    Ok(sum) => sum.to_prometheus(),
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the node's metrics");
+                        String::new()
+                    }
+                }
+            })?)
+        }
+        None => None,
+    };
     let exports = resolved.exports(lease.dir());
 
     let mut mounts = Vec::with_capacity(args.mount.len());
