@@ -8,5 +8,6 @@ mod common;
 
 mod crash;
 mod gc;
+mod odd_keys;
 mod protocol;
 mod s3_moto;

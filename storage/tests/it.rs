@@ -8,4 +8,5 @@ mod common;
 
 mod decorators;
 mod faults;
+mod odd_keys;
 mod s3_moto;
