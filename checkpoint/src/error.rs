@@ -20,7 +20,7 @@ pub enum CheckpointError {
     },
 
     /// A checkpoint root URL or path could not be opened.
-    #[error("opening checkpoint root {url:?}: {source}")]
+    #[error("opening checkpoint root {:?}: {source}", shardstream_storage::redact::redact_url(.url))]
     Location {
         /// The URL or path as given.
         url: String,
@@ -178,13 +178,15 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// Wraps an object store error, keeping `NotFound` as [`CheckpointError::MissingObject`].
+    /// The error is scrubbed of secrets (a SAS token in a request URL, a reply echoing a
+    /// session token): it is printed, with its whole source chain, by the CLI and Python.
     pub fn store(op: &'static str, path: &Path, source: object_store::Error) -> Self {
         match source {
             object_store::Error::NotFound { .. } => Self::MissingObject { path: path.clone() },
             source => Self::Store {
                 op,
                 path: path.clone(),
-                source,
+                source: shardstream_storage::redact::scrub(source),
             },
         }
     }

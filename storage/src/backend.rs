@@ -21,6 +21,7 @@ pub(crate) fn build(
     env: &Env,
     options: &StorageOptions,
 ) -> Result<Arc<dyn ObjectStore>> {
+    env.register_secrets();
     let config_error = |e: object_store::Error| StorageError::Config {
         url: url.to_string(),
         reason: e.to_string(),
@@ -30,7 +31,7 @@ pub(crate) fn build(
             let settings = S3Settings::resolve(env, options)?;
             tracing::debug!(
                 bucket,
-                endpoint = ?settings.endpoint,
+                endpoint = ?settings.endpoint.as_deref().map(crate::redact::redact_url),
                 region = %settings.region,
                 allow_http = settings.allow_http,
                 "opening S3 location"

@@ -19,6 +19,8 @@
 //! - A key the store holds but `object_store` cannot represent (`ds//x`, `ds/../x`) is
 //!   skipped with a warning, never fatal to a listing; [`listing`] is the one listing helper.
 //! - Errors are one enum, [`StorageError`], whose variants carry the object's URL or path.
+//!   Secrets (SAS tokens, signatures, session tokens, keys) never appear in errors, logs or
+//!   `Debug` output: see [`redact`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), shardstream_storage::StorageError> {
@@ -52,6 +54,7 @@ pub mod key;
 pub mod listing;
 mod location;
 pub mod options;
+pub mod redact;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

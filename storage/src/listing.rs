@@ -300,9 +300,11 @@ fn page_prefix(prefix: Option<&Path>) -> Option<String> {
         .map(|p| format!("{}{DELIMITER}", p.as_ref()))
 }
 
+/// The inner store's `Display` (`AmazonS3(bucket)`), not its `Debug`: object_store derives
+/// that one, and it prints the static credentials (a SAS token, a secret key) in full.
 impl fmt::Debug for KeySafeStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("KeySafeStore").field(&self.inner).finish()
+        write!(f, "KeySafeStore({})", self.inner)
     }
 }
 

@@ -10,3 +10,4 @@ mod decorators;
 mod faults;
 mod odd_keys;
 mod s3_moto;
+mod secrets;
