@@ -153,6 +153,23 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
 
+    /// The store ignored the create-only condition (`If-None-Match: *`) on the manifest, and
+    /// the manifest read back after this commit's put is another save's: that save holds the
+    /// id, this one is not committed.
+    #[error(
+        "checkpoint {id:?} is not committed by this save: the store ignored the create-only \
+         condition (If-None-Match) on {path}, and another save's manifest (attempt {winner}) \
+         replaced ours"
+    )]
+    ConditionalPutIgnored {
+        /// The checkpoint id.
+        id: String,
+        /// The manifest's path.
+        path: Path,
+        /// The attempt whose manifest the store holds.
+        winner: String,
+    },
+
     /// The object store returned an error for an operation on `path`.
     #[error("object store {op} on {path}: {source}")]
     Store {
