@@ -14,6 +14,7 @@ use crate::layout::validate_checkpoint_id;
 use crate::manifest::Manifest;
 use crate::CheckpointRoot;
 use futures::StreamExt;
+use shardstream_storage::listing;
 use std::cmp::Ordering;
 use tracing::{info_span, warn, Instrument};
 
@@ -80,7 +81,9 @@ pub(crate) enum Entry {
 impl CheckpointRoot {
     /// The checkpoint ids present as directories under the root (committed or not).
     pub(crate) async fn directory_ids(&self) -> Result<Vec<String>> {
-        let listing = match self.store().list_with_delimiter(Some(self.root())).await {
+        // The storage helper skips (and names) keys object_store cannot represent, so one
+        // stray `root//x` does not hide every checkpoint.
+        let listing = match listing::list_dirs(&**self.store(), self.root()).await {
             Ok(l) => l,
             Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(CheckpointError::store("list", self.root(), e)),

@@ -3,6 +3,19 @@
 //! checkpoint does not exist for any reader, after it the checkpoint is complete. Root aliases
 //! (DCP's `.metadata`) are copied in afterwards, so torch's own reader never sees an
 //! uncommitted checkpoint either.
+//!
+//! Stores that ignore the condition. Some S3-compatible stores accept `If-None-Match: *` and
+//! overwrite anyway; two coordinators committing one id would then both "win". Every commit
+//! therefore reads the manifest back after its put and checks that it holds this save's
+//! attempt (the attempt name carries 64 random bits: it is the commit's token); if not, it
+//! fails with [`CheckpointError::ConditionalPutIgnored`]. Once per store and root, the first
+//! commit also probes whether the store honours the condition (two create-only puts of one
+//! probe key in the attempt directory). Where it does not, a commit reads the manifest before
+//! its put (a committed id is never overwritten by a later save) and waits [`SETTLE`] before
+//! the read-back, so that a racing put issued before ours was visible has landed by then: of
+//! racing commits exactly the last writer succeeds, the others get the error. That holds as
+//! long as no commit takes longer than [`SETTLE`] from its check to its put's completion; a
+//! commit that does warns, since a rival may already have reported success.
 
 use crate::error::{CheckpointError, Result};
 use crate::layout::{join, now_unix_ms, step_from_id, validate_relative_path};
@@ -11,13 +24,28 @@ use crate::metrics::add;
 use crate::rank::SaveAttempt;
 use crate::CheckpointRoot;
 use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::ObjectStore;
 use object_store::{ObjectStoreExt, PutMode, PutOptions};
 use std::collections::HashSet;
-use std::time::{Duration, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 use tracing::{info, info_span, warn, Instrument};
 
 /// HEAD requests in flight while checking the files before commit.
 const HEAD_CONCURRENCY: usize = 64;
+
+/// On a store that ignores `If-None-Match`, how long a commit waits between its manifest put
+/// and the read-back that decides it (module docs). Commits are rare; seconds are cheap.
+pub const SETTLE: Duration = Duration::from_secs(3);
+
+/// The name, inside the attempt directory, of the object probed with two create-only puts.
+const PROBE_NAME: &str = "_shardstream_conditional_put_probe";
+
+/// Whether a store honours create-only puts, per store (by identity) and root, probed once
+/// per process. A dropped store's entry is dead (its `Weak` no longer upgrades) and pruned.
+type ProbeCache = Vec<(Weak<dyn ObjectStore>, Path, bool)>;
+static PROBED: Mutex<ProbeCache> = Mutex::new(Vec::new());
 
 /// What the coordinator commits.
 #[derive(Debug, Clone, Default)]
@@ -109,7 +137,9 @@ impl CheckpointRoot {
     ///
     /// Errors: [`CheckpointError::MissingObject`] / [`CheckpointError::SizeMismatch`] naming
     /// the first bad file, [`CheckpointError::AlreadyCommitted`] when another save of the same
-    /// id committed first (exactly one of two racing coordinators wins).
+    /// id committed first (exactly one of two racing coordinators wins), and
+    /// [`CheckpointError::ConditionalPutIgnored`] when the store ignored the create-only
+    /// condition and another commit's manifest holds the id (module docs).
     pub async fn commit(&self, attempt: &SaveAttempt, req: CommitRequest) -> Result<Manifest> {
         let span =
             info_span!("checkpoint.commit", id = %attempt.id(), attempt = %attempt.attempt());
@@ -144,6 +174,23 @@ impl CheckpointRoot {
 
         let body = manifest.to_json()?;
         let mpath = self.manifest_path(attempt.id());
+        let honoured = self.conditional_put_honoured(attempt).await?;
+        let checked = Instant::now();
+        if !honoured {
+            // Without the condition, a put would replace a committed manifest: look first.
+            match self.read_manifest(attempt.id()).await {
+                Ok(existing) if existing.attempt == manifest.attempt => {}
+                Ok(_) | Err(CheckpointError::InvalidManifest { .. }) => {
+                    add(&self.metrics().commit_conflicts, 1);
+                    return Err(CheckpointError::AlreadyCommitted {
+                        id: attempt.id().to_owned(),
+                        path: mpath,
+                    });
+                }
+                Err(CheckpointError::NotCommitted { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut tries = 0;
         loop {
             tries += 1;
@@ -176,6 +223,19 @@ impl CheckpointRoot {
                 Err(e) => return Err(CheckpointError::store("put", &mpath, e)),
             }
         }
+        if !honoured {
+            let took = checked.elapsed();
+            if took >= SETTLE {
+                warn!(
+                    took_ms = took.as_millis() as u64,
+                    settle_ms = SETTLE.as_millis() as u64,
+                    "manifest put took longer than the settle window on a store that ignores \
+                     If-None-Match: a racing commit of this id may already have reported success"
+                );
+            }
+            tokio::time::sleep(SETTLE).await;
+        }
+        self.verify_manifest(attempt, &manifest, &mpath).await?;
         add(&self.metrics().commits, 1);
         info!(
             files = manifest.files.len(),
@@ -194,6 +254,100 @@ impl CheckpointRoot {
             }
         }
         Ok(manifest)
+    }
+
+    /// Reads the manifest back: it must be this attempt's. A store that honours create-only
+    /// puts never fails this; one that ignores them fails it for every racing commit but the
+    /// last writer's.
+    async fn verify_manifest(
+        &self,
+        attempt: &SaveAttempt,
+        ours: &Manifest,
+        mpath: &Path,
+    ) -> Result<()> {
+        match self.read_manifest(attempt.id()).await {
+            Ok(stored) if stored.attempt == ours.attempt => Ok(()),
+            Ok(stored) => {
+                add(&self.metrics().commit_conflicts, 1);
+                warn!(
+                    winner = %stored.attempt,
+                    "the store ignored If-None-Match: another commit's manifest replaced ours"
+                );
+                Err(CheckpointError::ConditionalPutIgnored {
+                    id: attempt.id().to_owned(),
+                    path: mpath.clone(),
+                    winner: stored.attempt,
+                })
+            }
+            Err(CheckpointError::InvalidManifest { .. }) => {
+                add(&self.metrics().commit_conflicts, 1);
+                Err(CheckpointError::ConditionalPutIgnored {
+                    id: attempt.id().to_owned(),
+                    path: mpath.clone(),
+                    winner: "(a manifest that does not read)".to_owned(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this root's store honours create-only puts (`If-None-Match: *`), probed once per
+    /// store and root in this process: two create-only puts of one key in the attempt
+    /// directory; the second must be refused.
+    pub async fn conditional_put_honoured(&self, attempt: &SaveAttempt) -> Result<bool> {
+        if let Some(known) = self.probed() {
+            return Ok(known);
+        }
+        let probe = join(
+            &self.checkpoint_dir(attempt.id()),
+            &format!("{}/{PROBE_NAME}", attempt.attempt()),
+        );
+        let create = || PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let store = self.store();
+        let first = store
+            .put_opts(&probe, bytes::Bytes::from_static(b"1").into(), create())
+            .await;
+        let honoured = match first {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {
+                match store
+                    .put_opts(&probe, bytes::Bytes::from_static(b"2").into(), create())
+                    .await
+                {
+                    Ok(_) => false,
+                    Err(object_store::Error::AlreadyExists { .. })
+                    | Err(object_store::Error::Precondition { .. }) => true,
+                    Err(e) => return Err(CheckpointError::store("put", &probe, e)),
+                }
+            }
+            Err(e) => return Err(CheckpointError::store("put", &probe, e)),
+        };
+        if let Err(e) = store.delete(&probe).await {
+            warn!(object = %probe, error = %e, "cannot delete the conditional-put probe");
+        }
+        if !honoured {
+            warn!(
+                root = %self.root(),
+                settle_ms = SETTLE.as_millis() as u64,
+                "this store ignores If-None-Match (create-only puts overwrite): commits check \
+                 the manifest before their put and verify it after a settle window"
+            );
+        }
+        if let Ok(mut cache) = PROBED.lock() {
+            cache.retain(|(weak, _, _)| weak.strong_count() > 0);
+            cache.push((Arc::downgrade(store), self.root().clone(), honoured));
+        }
+        Ok(honoured)
+    }
+
+    fn probed(&self) -> Option<bool> {
+        let cache = PROBED.lock().ok()?;
+        cache.iter().find_map(|(weak, root, honoured)| {
+            let live = weak.upgrade()?;
+            (Arc::ptr_eq(&live, self.store()) && root == self.root()).then_some(*honoured)
+        })
     }
 
     /// Copies every alias of a committed checkpoint into place again (repairs a crash between

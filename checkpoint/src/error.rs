@@ -20,7 +20,7 @@ pub enum CheckpointError {
     },
 
     /// A checkpoint root URL or path could not be opened.
-    #[error("opening checkpoint root {url:?}: {source}")]
+    #[error("opening checkpoint root {:?}: {source}", shardstream_storage::redact::redact_url(.url))]
     Location {
         /// The URL or path as given.
         url: String,
@@ -153,6 +153,23 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
 
+    /// The store ignored the create-only condition (`If-None-Match: *`) on the manifest, and
+    /// the manifest read back after this commit's put is another save's: that save holds the
+    /// id, this one is not committed.
+    #[error(
+        "checkpoint {id:?} is not committed by this save: the store ignored the create-only \
+         condition (If-None-Match) on {path}, and another save's manifest (attempt {winner}) \
+         replaced ours"
+    )]
+    ConditionalPutIgnored {
+        /// The checkpoint id.
+        id: String,
+        /// The manifest's path.
+        path: Path,
+        /// The attempt whose manifest the store holds.
+        winner: String,
+    },
+
     /// The object store returned an error for an operation on `path`.
     #[error("object store {op} on {path}: {source}")]
     Store {
@@ -178,13 +195,15 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// Wraps an object store error, keeping `NotFound` as [`CheckpointError::MissingObject`].
+    /// The error is scrubbed of secrets (a SAS token in a request URL, a reply echoing a
+    /// session token): it is printed, with its whole source chain, by the CLI and Python.
     pub fn store(op: &'static str, path: &Path, source: object_store::Error) -> Self {
         match source {
             object_store::Error::NotFound { .. } => Self::MissingObject { path: path.clone() },
             source => Self::Store {
                 op,
                 path: path.clone(),
-                source,
+                source: shardstream_storage::redact::scrub(source),
             },
         }
     }

@@ -29,9 +29,10 @@ use crate::local_sweep::LocalSweep;
 use crate::manifest::Manifest;
 use crate::metrics::add;
 use crate::CheckpointRoot;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
+use shardstream_storage::listing;
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -307,8 +308,10 @@ impl CheckpointRoot {
 
     async fn list_dir(&self, id: &str) -> Result<Vec<ObjectMeta>> {
         let dir = self.checkpoint_dir(id);
-        match self.store().list(Some(&dir)).try_collect().await {
-            Ok(v) => Ok(v),
+        // Through the storage helper: an odd key in the directory is skipped with a warning
+        // (and, having no path, never deleted) instead of aborting gc.
+        match listing::list(&**self.store(), &dir).await {
+            Ok(l) => Ok(l.objects),
             Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
             Err(e) => Err(CheckpointError::store("list", &dir, e)),
         }

@@ -8,5 +8,7 @@ mod common;
 
 mod crash;
 mod gc;
+mod ignored_condition;
+mod odd_keys;
 mod protocol;
 mod s3_moto;

@@ -10,15 +10,18 @@ use object_store::ObjectStore;
 
 use crate::env::{Env, S3Settings};
 use crate::error::{Result, StorageError};
+use crate::listing::KeySafeStore;
 use crate::options::StorageOptions;
 use crate::url::StorageUrl;
 
-/// Builds the store for `url`, configured from `env` and `options`.
+/// Builds the store for `url`, configured from `env` and `options`. Remote stores are wrapped
+/// in [`KeySafeStore`] so that one odd key cannot fail a whole listing.
 pub(crate) fn build(
     url: &StorageUrl,
     env: &Env,
     options: &StorageOptions,
 ) -> Result<Arc<dyn ObjectStore>> {
+    env.register_secrets();
     let config_error = |e: object_store::Error| StorageError::Config {
         url: url.to_string(),
         reason: e.to_string(),
@@ -28,7 +31,7 @@ pub(crate) fn build(
             let settings = S3Settings::resolve(env, options)?;
             tracing::debug!(
                 bucket,
-                endpoint = ?settings.endpoint,
+                endpoint = ?settings.endpoint.as_deref().map(crate::redact::redact_url),
                 region = %settings.region,
                 allow_http = settings.allow_http,
                 "opening S3 location"
@@ -44,7 +47,7 @@ pub(crate) fn build(
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(config_error)?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(KeySafeStore::new(store)))
         }
         StorageUrl::Gcs { bucket, .. } => {
             let mut builder = GoogleCloudStorageBuilder::new()
@@ -62,7 +65,7 @@ pub(crate) fn build(
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(config_error)?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(KeySafeStore::new(store)))
         }
         StorageUrl::Azure { base, .. } => {
             let mut builder = MicrosoftAzureBuilder::new()
@@ -74,7 +77,7 @@ pub(crate) fn build(
                 }
             }
             let store = builder.with_url(base).build().map_err(config_error)?;
-            Ok(Arc::new(store))
+            Ok(Arc::new(KeySafeStore::new(store)))
         }
         StorageUrl::Local { .. } => {
             // Rooted at `/` so the location's directory need not exist yet (writers create

@@ -34,12 +34,40 @@ use crate::error::{Result, StorageError};
 use crate::options::StorageOptions;
 
 /// A snapshot of environment variables.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Its `Debug` output masks the values of variables that hold secrets
+/// ([`crate::redact::is_sensitive_name`]).
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Env {
     vars: BTreeMap<String, String>,
 }
 
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut map = f.debug_map();
+        for (k, v) in &self.vars {
+            if crate::redact::is_sensitive_name(k) {
+                map.entry(k, &crate::redact::MASK);
+            } else {
+                map.entry(k, &crate::redact::redact_url(v));
+            }
+        }
+        map.finish()
+    }
+}
+
 impl Env {
+    /// Registers the values of the variables that hold secrets with [`crate::redact`], so
+    /// that they are masked wherever they might be echoed (a configuration error quoting a
+    /// value, a reply body).
+    pub(crate) fn register_secrets(&self) {
+        for (k, v) in &self.vars {
+            if crate::redact::is_sensitive_name(k) {
+                crate::redact::register_secret(v);
+            }
+        }
+    }
+
     /// The current process environment (variables that are not valid UTF-8 are skipped).
     pub fn from_process() -> Self {
         Self::from_pairs(std::env::vars_os().filter_map(|(k, v)| {
@@ -136,7 +164,10 @@ impl std::fmt::Debug for S3Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let keys: Vec<&AmazonS3ConfigKey> = self.passthrough.iter().map(|(k, _)| k).collect();
         f.debug_struct("S3Settings")
-            .field("endpoint", &self.endpoint)
+            .field(
+                "endpoint",
+                &self.endpoint.as_deref().map(crate::redact::redact_url),
+            )
             .field("allow_http", &self.allow_http)
             .field("region", &self.region)
             .field("virtual_hosted", &self.virtual_hosted)

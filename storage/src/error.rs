@@ -9,15 +9,20 @@ use std::path::PathBuf;
 
 use object_store::client::{HttpError, HttpErrorKind};
 
+use crate::redact::{redact, redact_url, scrub};
+
 /// Result alias used throughout the crate.
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the storage layer.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Display` and `Debug` never hold a secret: URLs and reasons go through
+/// [`crate::redact`], and backend errors are scrubbed when converted ([`Self::from_backend`]).
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum StorageError {
     /// The location string is not a URL or path we understand.
-    #[error("invalid storage URL {url:?}: {reason}")]
+    #[error("invalid storage URL {:?}: {}", redact_url(.url), redact(.reason))]
     InvalidUrl {
         /// The string as given.
         url: String,
@@ -25,7 +30,7 @@ pub enum StorageError {
         reason: String,
     },
     /// A relative key or path would escape its root, or is malformed (`..`, empty component...).
-    #[error("unsafe object name {name:?}: {reason}")]
+    #[error("unsafe object name {:?}: {reason}", redact(.name))]
     UnsafePath {
         /// The name as given.
         name: String,
@@ -33,7 +38,7 @@ pub enum StorageError {
         reason: &'static str,
     },
     /// The store could not be configured (credentials, endpoint, options).
-    #[error("cannot configure storage for {url}: {reason}")]
+    #[error("cannot configure storage for {}: {}", redact_url(.url), redact(.reason))]
     Config {
         /// The location being opened.
         url: String,
@@ -41,25 +46,25 @@ pub enum StorageError {
         reason: String,
     },
     /// The object does not exist.
-    #[error("object not found: {url}")]
+    #[error("object not found: {}", redact_url(.url))]
     NotFound {
         /// Full URL of the object.
         url: String,
     },
     /// A create-only write found the object already there.
-    #[error("object already exists: {url}")]
+    #[error("object already exists: {}", redact_url(.url))]
     AlreadyExists {
         /// Full URL of the object.
         url: String,
     },
     /// The object changed between the requests of one multi-request read (its ETag moved).
-    #[error("object changed while it was being read: {url}")]
+    #[error("object changed while it was being read: {}", redact_url(.url))]
     Changed {
         /// Full URL of the object.
         url: String,
     },
     /// The object's size is not what an earlier request or the caller said it was.
-    #[error("size mismatch for {url}: expected {expected} bytes, got {actual}")]
+    #[error("size mismatch for {}: expected {expected} bytes, got {actual}", redact_url(.url))]
     SizeMismatch {
         /// Full URL of the object.
         url: String,
@@ -80,7 +85,7 @@ pub enum StorageError {
         limit: u64,
     },
     /// Credentials were refused or missing.
-    #[error("permission denied for {url}: {source}")]
+    #[error("permission denied for {}: {source}", redact_url(.url))]
     PermissionDenied {
         /// Full URL of the object.
         url: String,
@@ -89,7 +94,7 @@ pub enum StorageError {
         source: object_store::Error,
     },
     /// A request (after its retries) ran out of time.
-    #[error("timed out on {url}: {source}")]
+    #[error("timed out on {}: {source}", redact_url(.url))]
     Timeout {
         /// Full URL of the object.
         url: String,
@@ -98,7 +103,7 @@ pub enum StorageError {
         source: object_store::Error,
     },
     /// The server could not be reached at all (connection refused, DNS failure), after retries.
-    #[error("cannot reach the storage server for {url}: {source}")]
+    #[error("cannot reach the storage server for {}: {source}", redact_url(.url))]
     Unreachable {
         /// Full URL of the object.
         url: String,
@@ -109,7 +114,7 @@ pub enum StorageError {
     /// The server refused the request with a 4xx status that no retry changes (a bad request,
     /// a range past the object's end, a method not allowed): not retried, not transient.
     /// 404, 412, 401 and 403 have variants of their own; 408 and 429 are transient.
-    #[error("the storage server refused the request for {url} (HTTP {status}): {source}")]
+    #[error("the storage server refused the request for {} (HTTP {status}): {source}", redact_url(.url))]
     Rejected {
         /// Full URL of the object.
         url: String,
@@ -120,7 +125,7 @@ pub enum StorageError {
         source: object_store::Error,
     },
     /// Any other backend failure (5xx after retries, protocol errors, unsupported operations).
-    #[error("storage request failed for {url}: {source}")]
+    #[error("storage request failed for {}: {source}", redact_url(.url))]
     Backend {
         /// Full URL of the object.
         url: String,
@@ -129,7 +134,7 @@ pub enum StorageError {
         source: object_store::Error,
     },
     /// The transfer was cancelled (its shared request semaphore was closed).
-    #[error("transfer cancelled: {url}")]
+    #[error("transfer cancelled: {}", redact_url(.url))]
     Cancelled {
         /// Full URL of the object.
         url: String,
@@ -144,15 +149,43 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// A test harness (moto server, fault proxy) failed; only produced by the `testing` module.
-    #[error("test harness: {reason}")]
+    #[error("test harness: {}", redact(.reason))]
     Harness {
         /// What went wrong.
         reason: String,
     },
 }
 
+/// The variant's name and the (redacted) message: the derived form would print URLs and
+/// reasons as they came.
+impl std::fmt::Debug for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let variant = match self {
+            Self::InvalidUrl { .. } => "InvalidUrl",
+            Self::UnsafePath { .. } => "UnsafePath",
+            Self::Config { .. } => "Config",
+            Self::NotFound { .. } => "NotFound",
+            Self::AlreadyExists { .. } => "AlreadyExists",
+            Self::Changed { .. } => "Changed",
+            Self::SizeMismatch { .. } => "SizeMismatch",
+            Self::PermissionDenied { .. } => "PermissionDenied",
+            Self::Timeout { .. } => "Timeout",
+            Self::Unreachable { .. } => "Unreachable",
+            Self::Rejected { .. } => "Rejected",
+            Self::Backend { .. } => "Backend",
+            Self::Cancelled { .. } => "Cancelled",
+            Self::Io { .. } => "Io",
+            Self::Harness { .. } => "Harness",
+        };
+        f.debug_tuple(variant).field(&self.to_string()).finish()
+    }
+}
+
 impl StorageError {
     /// Converts a backend error about the object at `url` into a [`StorageError`].
+    ///
+    /// The error is classified first (its status and transport kind are read from its typed
+    /// sources), then scrubbed of secrets ([`crate::redact::scrub`]).
     pub fn from_backend(url: impl Into<String>, source: object_store::Error) -> Self {
         let url = url.into();
         match source {
@@ -160,16 +193,28 @@ impl StorageError {
             object_store::Error::AlreadyExists { .. } => Self::AlreadyExists { url },
             object_store::Error::Precondition { .. } => Self::Changed { url },
             object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => Self::PermissionDenied { url, source },
+            | object_store::Error::Unauthenticated { .. } => Self::PermissionDenied {
+                url,
+                source: scrub(source),
+            },
             other => match (refused_status(&other, &url), http_error_kind(&other)) {
                 (Some(status), _) => Self::Rejected {
                     url,
                     status,
-                    source: other,
+                    source: scrub(other),
                 },
-                (None, Some(HttpErrorKind::Timeout)) => Self::Timeout { url, source: other },
-                (None, Some(HttpErrorKind::Connect)) => Self::Unreachable { url, source: other },
-                (None, _) => Self::Backend { url, source: other },
+                (None, Some(HttpErrorKind::Timeout)) => Self::Timeout {
+                    url,
+                    source: scrub(other),
+                },
+                (None, Some(HttpErrorKind::Connect)) => Self::Unreachable {
+                    url,
+                    source: scrub(other),
+                },
+                (None, _) => Self::Backend {
+                    url,
+                    source: scrub(other),
+                },
             },
         }
     }

@@ -16,7 +16,11 @@
 //!   appear only complete; [`Location::put_if_absent`] is a create-only conditional put.
 //! - Names inside a location are relative and checked ([`key`]): `..`, absolute names and
 //!   empty components are refused, whatever file they were read from.
+//! - A key the store holds but `object_store` cannot represent (`ds//x`, `ds/../x`) is
+//!   skipped with a warning, never fatal to a listing; [`listing`] is the one listing helper.
 //! - Errors are one enum, [`StorageError`], whose variants carry the object's URL or path.
+//!   Secrets (SAS tokens, signatures, session tokens, keys) never appear in errors, logs or
+//!   `Debug` output: see [`redact`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), shardstream_storage::StorageError> {
@@ -47,8 +51,10 @@ pub mod env;
 mod error;
 mod etag;
 pub mod key;
+pub mod listing;
 mod location;
 pub mod options;
+pub mod redact;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -57,6 +63,7 @@ pub mod url;
 
 pub use env::{Env, S3Settings};
 pub use error::{Result, StorageError};
+pub use listing::{Listing, SkippedKey};
 pub use location::{Location, ObjectInfo, PutOutcome};
 pub use options::{RetryPolicy, StorageOptions, Timeouts};
 pub use sync::{sync_down, sync_down_with, sync_up, sync_up_with, SyncOptions, SyncReport};

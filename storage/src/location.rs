@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
@@ -18,6 +17,7 @@ use crate::backend;
 use crate::env::Env;
 use crate::error::{Result, StorageError};
 use crate::key;
+use crate::listing;
 use crate::options::StorageOptions;
 use crate::url::StorageUrl;
 
@@ -222,15 +222,14 @@ impl Location {
     }
 
     /// Objects below `prefix` (relative; `""` for the whole location), recursively, sorted.
+    /// Keys `object_store` cannot represent are skipped with a warning ([`crate::listing`]).
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let dir = self.dir_path(prefix)?;
-        let metas: Vec<ObjectMeta> = self
-            .store
-            .list(Some(&dir))
-            .try_collect()
+        let listing = listing::list(&*self.store, &dir)
             .await
             .map_err(|e| self.backend_error(prefix, e))?;
-        let mut out: Vec<ObjectInfo> = metas
+        let mut out: Vec<ObjectInfo> = listing
+            .objects
             .into_iter()
             .filter_map(|m| {
                 let key = self.relative_key(&m.location)?;
@@ -244,9 +243,7 @@ impl Location {
     /// Names (relative to the location) of the "directories" directly below `prefix`.
     pub async fn list_dirs(&self, prefix: &str) -> Result<Vec<String>> {
         let dir = self.dir_path(prefix)?;
-        let listing = self
-            .store
-            .list_with_delimiter(Some(&dir))
+        let listing = listing::list_dirs(&*self.store, &dir)
             .await
             .map_err(|e| self.backend_error(prefix, e))?;
         let mut out: Vec<String> = listing

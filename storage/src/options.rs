@@ -102,7 +102,9 @@ impl Default for Timeouts {
 }
 
 /// Explicit overrides for opening a location; anything left `None` comes from the environment.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Its `Debug` output shows the endpoint through [`crate::redact::redact_url`].
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct StorageOptions {
     /// Custom S3 endpoint (e.g. `http://127.0.0.1:9000`); overrides the environment.
@@ -121,6 +123,24 @@ pub struct StorageOptions {
     pub chunk_size: usize,
     /// Size of one multipart part; files larger than this are uploaded in parts.
     pub part_size: usize,
+}
+
+impl std::fmt::Debug for StorageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageOptions")
+            .field(
+                "endpoint",
+                &self.endpoint.as_deref().map(crate::redact::redact_url),
+            )
+            .field("allow_http", &self.allow_http)
+            .field("region", &self.region)
+            .field("retry", &self.retry)
+            .field("timeouts", &self.timeouts)
+            .field("concurrency", &self.concurrency)
+            .field("chunk_size", &self.chunk_size)
+            .field("part_size", &self.part_size)
+            .finish()
+    }
 }
 
 impl Default for StorageOptions {

@@ -9,4 +9,6 @@ mod common;
 mod bounded;
 mod decorators;
 mod faults;
+mod odd_keys;
 mod s3_moto;
+mod secrets;

@@ -137,6 +137,19 @@ impl MotoServer {
         }
     }
 
+    /// Puts `body` at `key` in `bucket` with the key sent byte for byte, unnormalised and
+    /// unsigned (moto accepts that): how a test plants a key `object_store` cannot write
+    /// (`ds//x`, `ds/../x`) but another S3 client could.
+    pub async fn put_raw_key(&self, bucket: &str, key: &str, body: &[u8]) -> Result<()> {
+        let path = format!("/{bucket}/{key}");
+        let status = raw_request_with_body(self.addr, "PUT", &path, body).await?;
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(harness(format!("PUT {path} answered HTTP {status}")))
+        }
+    }
+
     /// Options pointing at this server, with short retries and timeouts suited to tests.
     pub fn storage_options(&self) -> StorageOptions {
         options_for(&self.endpoint())
@@ -234,12 +247,23 @@ fn find_binary() -> Result<PathBuf> {
 
 /// Sends a bodiless HTTP/1.1 request and returns the status code.
 async fn raw_request(addr: SocketAddr, method: &str, path: &str) -> Result<u16> {
+    raw_request_with_body(addr, method, path, b"").await
+}
+
+async fn raw_request_with_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<u16> {
     let io = |e: std::io::Error| harness(format!("{method} {path} to {addr}: {e}"));
     let mut stream = TcpStream::connect(addr).await.map_err(io)?;
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
     );
     stream.write_all(request.as_bytes()).await.map_err(io)?;
+    stream.write_all(body).await.map_err(io)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.map_err(io)?;
     let text = String::from_utf8_lossy(&response);

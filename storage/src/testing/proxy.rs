@@ -3,7 +3,8 @@
 //! Decorators cannot exercise `object_store`'s own retry loop, which runs inside its HTTP
 //! client. This proxy can: it answers `503 Slow Down` (S3's throttling reply), or another error
 //! status, to the next N connections, or accepts connections and never answers (a hung server),
-//! and otherwise forwards bytes to the real server.
+//! and otherwise forwards bytes to the real server. It can also strip `If-None-Match` from
+//! every request, to play an S3-compatible store that ignores conditional writes.
 //!
 //! Faults are decided per *connection*: a faulty reply closes its connection, so every
 //! retry arrives on a new one; a connection already forwarding keeps forwarding. Arm the
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -43,6 +44,8 @@ struct State {
     failed: AtomicUsize,
     blackhole: AtomicBool,
     bytes_per_sec: AtomicU64,
+    strip_if_none_match: AtomicBool,
+    stripped: AtomicUsize,
 }
 
 impl State {
@@ -77,6 +80,8 @@ impl FaultProxy {
             failed: AtomicUsize::new(0),
             blackhole: AtomicBool::new(false),
             bytes_per_sec: AtomicU64::new(0),
+            strip_if_none_match: AtomicBool::new(false),
+            stripped: AtomicUsize::new(0),
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&state)));
         Ok(Self { addr, state, task })
@@ -115,6 +120,17 @@ impl FaultProxy {
         self.state
             .bytes_per_sec
             .store(bytes_per_sec, Ordering::SeqCst);
+    }
+
+    /// While on, new connections forward requests without their `If-None-Match` header: the
+    /// server sees plain puts, as behind a store or gateway that drops conditional headers.
+    pub fn set_strip_if_none_match(&self, on: bool) {
+        self.state.strip_if_none_match.store(on, Ordering::SeqCst);
+    }
+
+    /// How many `If-None-Match` headers were stripped so far.
+    pub fn stripped(&self) -> usize {
+        self.state.stripped.load(Ordering::SeqCst)
     }
 
     /// How many requests got a fault reply so far.
@@ -182,6 +198,20 @@ async fn handle(mut client: TcpStream, state: Arc<State>) {
             return;
         }
     };
+    if state.strip_if_none_match.load(Ordering::SeqCst) {
+        let (client_read, mut client_write) = client.into_split();
+        let (mut upstream_read, mut upstream_write) = upstream.into_split();
+        let requests = async {
+            let _ = forward_stripped(client_read, &mut upstream_write, &state).await;
+            let _ = upstream_write.shutdown().await;
+        };
+        let responses = async {
+            let _ = tokio::io::copy(&mut upstream_read, &mut client_write).await;
+            let _ = client_write.shutdown().await;
+        };
+        tokio::join!(requests, responses);
+        return;
+    }
     let rate = state.bytes_per_sec.load(Ordering::SeqCst);
     if rate == 0 {
         let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
@@ -207,6 +237,47 @@ async fn handle(mut client: TcpStream, state: Arc<State>) {
         let _ = client_write.shutdown().await;
     };
     tokio::join!(requests, responses);
+}
+
+/// Forwards requests one by one, each head without its `If-None-Match` line and each body by
+/// its `Content-Length` (object_store sends no chunked request bodies).
+async fn forward_stripped(
+    client: tokio::net::tcp::OwnedReadHalf,
+    upstream: &mut tokio::net::tcp::OwnedWriteHalf,
+    state: &State,
+) -> std::io::Result<()> {
+    let mut client = tokio::io::BufReader::new(client);
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = Vec::new();
+            if client.read_until(b'\n', &mut line).await? == 0 {
+                return Ok(());
+            }
+            if head.len() > MAX_HEAD {
+                return Err(std::io::ErrorKind::InvalidData.into());
+            }
+            let line = String::from_utf8_lossy(&line).into_owned();
+            let end = line == "\r\n";
+            let is_condition = line
+                .split_once(':')
+                .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("if-none-match"));
+            if is_condition {
+                state.stripped.fetch_add(1, Ordering::SeqCst);
+            } else {
+                head.push_str(&line);
+            }
+            if end {
+                break;
+            }
+        }
+        upstream.write_all(head.as_bytes()).await?;
+        let body = content_length(&head) as u64;
+        let copied = tokio::io::copy(&mut (&mut client).take(body), upstream).await?;
+        if copied < body {
+            return Ok(());
+        }
+    }
 }
 
 /// Reads one request (head, then a `Content-Length` body) so the client sees a clean reply.

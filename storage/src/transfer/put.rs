@@ -105,7 +105,7 @@ impl Location {
             }
             Err(e) => {
                 if let Err(abort) = upload.abort().await {
-                    tracing::warn!(url = %self.url_of(rel), error = %abort, "cannot abort multipart upload");
+                    tracing::warn!(url = %self.url_of(rel), error = %crate::redact::scrub(abort), "cannot abort multipart upload");
                 }
                 Err(e)
             }
