@@ -19,6 +19,7 @@ use shardstream_checkpoint::{
     CheckpointInfo, CheckpointRoot, DownloadReport, GcOptions, GcReport, RetentionPolicy,
 };
 
+use crate::output::outln;
 use crate::{runtime, Global};
 
 /// `ckpt`: checkpoint management.
@@ -96,6 +97,19 @@ pub enum CkptAction {
     },
 }
 
+impl CkptAction {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        match self {
+            CkptAction::Ls { json, .. }
+            | CkptAction::Latest { json, .. }
+            | CkptAction::Verify { json, .. }
+            | CkptAction::Gc { json, .. }
+            | CkptAction::Download { json, .. } => *json,
+        }
+    }
+}
+
 /// `30s`, `15m`, `24h`, `2d` (a bare number is seconds).
 fn parse_age(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -154,14 +168,17 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             let list = rt.block_on(ckpt.list())?;
             let entries: Vec<Entry> = list.iter().map(|i| entry(&root, i)).collect();
             if json {
-                println!("{}", serde_json::to_string(&entries)?);
+                outln!("{}", serde_json::to_string(&entries)?)?;
             } else {
                 for e in &entries {
                     let step = e.step.map_or_else(|| "-".to_owned(), |s| s.to_string());
-                    println!(
+                    outln!(
                         "{}\tstep={step}\tworld_size={}\tfiles={}\tbytes={}",
-                        e.id, e.world_size, e.files, e.total_bytes
-                    );
+                        e.id,
+                        e.world_size,
+                        e.files,
+                        e.total_bytes
+                    )?;
                 }
             }
             Ok(())
@@ -173,9 +190,9 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             };
             let e = entry(&root, &info);
             if json {
-                println!("{}", serde_json::to_string(&e)?);
+                outln!("{}", serde_json::to_string(&e)?)?;
             } else {
-                println!("{}", e.url);
+                outln!("{}", e.url)?;
             }
             Ok(())
         }
@@ -191,16 +208,17 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
                     "id": id, "ok": problems.is_empty(), "files_checked": report.files_checked,
                     "bytes_checked": report.bytes_checked, "problems": problems,
                 });
-                println!("{out}");
+                outln!("{out}")?;
             } else {
                 for p in &problems {
-                    println!("FAILED {p}");
+                    outln!("FAILED {p}")?;
                 }
                 if problems.is_empty() {
-                    println!(
+                    outln!(
                         "ok: {id}: {} files, {} bytes verified",
-                        report.files_checked, report.bytes_checked
-                    );
+                        report.files_checked,
+                        report.bytes_checked
+                    )?;
                 }
             }
             if !problems.is_empty() {
@@ -256,12 +274,12 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
                 let out = serde_json::json!({
                     "id": id, "local": local, "files": files, "bytes": bytes,
                 });
-                println!("{out}");
+                outln!("{out}")?;
             } else {
-                println!(
+                outln!(
                     "downloaded {id}: {files} files, {bytes} bytes, verified, to {}",
                     local.display()
-                );
+                )?;
             }
             Ok(())
         }
@@ -304,40 +322,40 @@ fn print_gc(report: &GcReport, dry_run: bool, json: bool) -> anyhow::Result<()> 
             "foreign_objects": report.foreign_objects,
             "foreign_dirs": report.foreign_dirs,
         });
-        println!("{out}");
+        outln!("{out}")?;
         return Ok(());
     }
     let verb = if dry_run { "would delete" } else { "deleted" };
     for id in &report.deleted {
-        println!("{verb} checkpoint {id}");
+        outln!("{verb} checkpoint {id}")?;
     }
     for dir in &report.leftover_dirs_deleted {
-        println!("{verb} unfinished save {dir}");
+        outln!("{verb} unfinished save {dir}")?;
     }
     for attempt in &report.stale_attempts_deleted {
-        println!("{verb} dead attempt {attempt}");
+        outln!("{verb} dead attempt {attempt}")?;
     }
     for path in &report.local_paths_deleted {
-        println!("{verb} {}", path.display());
+        outln!("{verb} {}", path.display())?;
     }
     for dir in &report.unreadable {
-        println!("left alone (manifest does not read) {dir}");
+        outln!("left alone (manifest does not read) {dir}")?;
     }
     for dir in &report.foreign_dirs {
-        println!("left alone (not a checkpoint) {dir}");
+        outln!("left alone (not a checkpoint) {dir}")?;
     }
     if report.foreign_objects > 0 {
-        println!(
+        outln!(
             "left alone {} object(s) inside checkpoint folders that gc does not manage",
             report.foreign_objects
-        );
+        )?;
     }
-    println!(
+    outln!(
         "kept {} checkpoint(s); {verb} {} object(s), {} bytes; {} recent leftover(s) kept",
         report.kept.len(),
         report.objects_deleted,
         report.bytes_deleted,
         report.young_leftovers
-    );
+    )?;
     Ok(())
 }

@@ -15,6 +15,7 @@ use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
+use crate::output::outln;
 use crate::Global;
 
 /// `mount DATASET MOUNTPOINT`: a read-only FUSE view of a dataset.
@@ -205,7 +206,7 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.ready_timeout);
     loop {
         if ready.exists() {
-            println!("{}", child.id());
+            outln!("{}", child.id())?;
             tracing::debug!(ready = %ready.display(), log = %log.display(), "daemon ready");
             return Ok(());
         }

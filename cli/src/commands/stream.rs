@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
+use crate::output::outln;
 use crate::units::ByteSize;
 use crate::{progress, runtime, Global};
 
@@ -179,19 +180,19 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         "metrics_addr": server.as_ref().map(|s| s.addr.to_string()),
     });
     if args.json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
-        println!(
+        outln!(
             "{samples} samples, {} in {elapsed:.2} s: {:.0} samples/s, {:.1} MB/s",
             ByteSize(bytes),
             samples as f64 / elapsed,
             bytes as f64 / 1e6 / elapsed
-        );
+        )?;
         match first_sample {
-            Some(t) => println!("time to first sample: {:.3} s", t.as_secs_f64()),
-            None => println!("time to first sample: - (no samples)"),
+            Some(t) => outln!("time to first sample: {:.3} s", t.as_secs_f64())?,
+            None => outln!("time to first sample: - (no samples)")?,
         }
-        println!(
+        outln!(
             "fetched {} in {} shards ({} requests); cache hits {}, misses {}; stalled {:.2} s",
             ByteSize(m.fetch_bytes),
             m.shards_fetched,
@@ -199,16 +200,13 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
             m.cache_hits,
             m.cache_misses,
             m.stall_seconds
-        );
+        )?;
         match peak_rss {
-            Some(rss) => println!("peak RSS: {}", ByteSize(rss)),
-            None => println!("peak RSS: unknown (no /proc/self/status)"),
+            Some(rss) => outln!("peak RSS: {}", ByteSize(rss))?,
+            None => outln!("peak RSS: unknown (no /proc/self/status)")?,
         }
     }
-    use std::io::Write;
-    std::io::stdout()
-        .flush()
-        .context("cannot write to stdout")?;
+    crate::output::flush()?;
     if server.is_some() && args.metrics_linger > 0 {
         std::thread::sleep(Duration::from_secs(args.metrics_linger));
     }

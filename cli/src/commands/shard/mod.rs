@@ -25,6 +25,7 @@ use shardstream_sharding::input::{self, parse_columns, part_range, InputFormat, 
 use shardstream_sharding::wds::ShardWriterOptions;
 use shardstream_storage::{sync_down, Location, StorageError};
 
+use crate::output::outln;
 use crate::units::{ByteSize, Part};
 use crate::{progress, runtime, Global};
 
@@ -199,9 +200,9 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
     summary.samples_per_second = summary.samples as f64 / secs;
     summary.mb_per_second = summary.raw_bytes as f64 / 1e6 / secs;
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?)?;
     } else {
-        println!(
+        outln!(
             "wrote {} samples in {} {} shards ({} raw, {} stored) to {} in {:.2}s: {:.0} samples/s, {:.1} MB/s",
             summary.samples,
             summary.shards,
@@ -212,7 +213,7 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
             summary.seconds,
             summary.samples_per_second,
             summary.mb_per_second
-        );
+        )?;
     }
     Ok(())
 }
