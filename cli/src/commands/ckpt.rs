@@ -14,10 +14,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use futures::StreamExt;
 use serde::Serialize;
 use shardstream_checkpoint::{
     CheckpointInfo, CheckpointRoot, DownloadReport, GcOptions, GcReport, RetentionPolicy,
 };
+use shardstream_storage::object_store::ObjectStore;
 
 use crate::output::outln;
 use crate::{runtime, Global};
@@ -166,6 +168,9 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
         CkptAction::Ls { root, json } => {
             let ckpt = open(&root)?;
             let list = rt.block_on(ckpt.list())?;
+            if list.is_empty() {
+                rt.block_on(ensure_root_exists(&ckpt, &root))?;
+            }
             let entries: Vec<Entry> = list.iter().map(|i| entry(&root, i)).collect();
             if json {
                 outln!("{}", serde_json::to_string(&entries)?)?;
@@ -238,6 +243,7 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             json,
         } => {
             let ckpt = open(&root)?;
+            rt.block_on(ensure_root_exists(&ckpt, &root))?;
             let defaults = GcOptions::default();
             let opts = GcOptions {
                 policy: RetentionPolicy {
@@ -288,6 +294,29 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
 
 fn open(root: &str) -> anyhow::Result<CheckpointRoot> {
     CheckpointRoot::open_url(root).with_context(|| format!("opening checkpoint root {root}"))
+}
+
+/// Fails unless `root` exists, so that a mistyped root is an error rather than an empty
+/// listing (or a gc that finds nothing to do): a local root must be a folder; an object-store
+/// root, which has no folders, must have at least one object under its prefix. A root that
+/// exists and holds no checkpoint yet is fine.
+async fn ensure_root_exists(ckpt: &CheckpointRoot, root: &str) -> anyhow::Result<()> {
+    if let Some(dir) = ckpt.local_root() {
+        return match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => bail!("checkpoint root {root} is not a folder"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("checkpoint root {root} does not exist")
+            }
+            Err(e) => Err(e).with_context(|| format!("checkpoint root {root}")),
+        };
+    }
+    let first = ckpt.store().list(Some(ckpt.root())).next().await;
+    match first {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(e).with_context(|| format!("listing checkpoint root {root}")),
+        None => bail!("checkpoint root {root} does not exist: no object under it (mistyped?)"),
+    }
 }
 
 fn resolve_id(
