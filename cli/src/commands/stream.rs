@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use shardstream_launcher::identity::{os_env, resolve_node_rank_with};
 use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -110,10 +111,7 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         u32_arg("num-workers", args.num_workers, 1)?,
         u32_arg("batch-size", args.batch_size, 1)?,
     )?;
-    let node = match args.node.node_rank {
-        Some(r) => r,
-        None => node_of(&dataset)?,
-    };
+    let node = node_rank(&args.node)?;
     let rank = Rank {
         node,
         local_process: u32_arg("local-rank", Some(args.local_rank), 0)?,
@@ -214,18 +212,14 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node rank the dataset's cache folder was resolved with (its last path component).
-fn node_of(dataset: &StreamingDataset) -> anyhow::Result<u32> {
-    let dir = dataset.cache_dir();
-    dir.file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.parse().ok())
-        .with_context(|| {
-            format!(
-                "cannot tell the node rank from the cache folder {}; pass --node-rank",
-                dir.display()
-            )
-        })
+/// This node's rank: `--node-rank`, else the environment's (`SHARDSTREAM_NODE_RANK`,
+/// `JOB_COMPLETION_INDEX`, ...), else 0 where nothing suggests several nodes: the rank the
+/// dataset's cache folder was resolved with, also for a local dataset read in place, whose
+/// folder names no rank.
+fn node_rank(node: &NodeArgs) -> anyhow::Result<u32> {
+    let (rank, _) = resolve_node_rank_with(&node.overrides().run, &os_env)
+        .context("resolving the node rank")?;
+    Ok(rank)
 }
 
 /// Peak resident set size (`VmHWM`) of this process.
