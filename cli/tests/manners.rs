@@ -188,6 +188,32 @@ fn json_commands_fail_with_one_json_object_on_stderr() {
 }
 
 #[test]
+fn a_refused_setting_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    crate::common::write(&input, "a.txt", b"a");
+    let (input, out) = (s(&input), s(&dir.path().join("out")));
+    for extra in [&["--hashes", "sha1"][..], &["--compression", "zstd"]] {
+        let mut args = vec!["shard", &input, &out, "--format", "wds"];
+        args.extend_from_slice(extra);
+        let (code, _, stderr) = output(shardstream(&args));
+        assert_eq!(code, 78, "{extra:?}: {stderr}");
+    }
+    let ds = dataset(dir.path());
+    let (code, _, stderr) = output(shardstream(&[
+        "stream",
+        &s(&ds),
+        "--num-workers",
+        "99999999999",
+    ]));
+    assert_eq!(code, 78, "{stderr}");
+    assert!(
+        stderr.contains("--num-workers 99999999999 is too large"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_mistyped_local_checkpoint_root_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let missing = s(&dir.path().join("ckpts-typo"));

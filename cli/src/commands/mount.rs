@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
+use crate::exit::ConfigError;
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::output::outln;
 use crate::Global;
@@ -98,7 +99,9 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
             .fetch_timeout
             .map(Duration::try_from_secs_f64)
             .transpose()
-            .context("--fetch-timeout must be a positive number of seconds")?,
+            .map_err(|_| {
+                ConfigError("--fetch-timeout must be a positive number of seconds".into())
+            })?,
         ..FsConfig::default()
     };
     let fs = DatasetFs::new(Arc::new(source), fs_config)

@@ -13,6 +13,7 @@ use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::exit::ConfigError;
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::output::outln;
 use crate::units::ByteSize;
@@ -90,7 +91,9 @@ pub struct StreamArgs {
 fn u32_arg(name: &str, value: Option<u64>, default: u32) -> anyhow::Result<u32> {
     match value {
         None => Ok(default),
-        Some(v) => u32::try_from(v).with_context(|| format!("--{name} {v} is too large")),
+        Some(v) => {
+            u32::try_from(v).map_err(|_| ConfigError(format!("--{name} {v} is too large")).into())
+        }
     }
 }
 

@@ -25,6 +25,7 @@ use shardstream_sharding::input::{self, parse_columns, part_range, InputFormat, 
 use shardstream_sharding::wds::ShardWriterOptions;
 use shardstream_storage::{sync_down, Location, StorageError};
 
+use crate::exit::ConfigError;
 use crate::output::outln;
 use crate::units::{ByteSize, Part};
 use crate::{progress, runtime, Global};
@@ -179,7 +180,10 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
         }
         OutputFormat::Wds => {
             if args.hashes.as_deref().is_some_and(|h| h != "none") {
-                bail!("--hashes applies to MDS output (WebDataset has no index to record them in)");
+                bail!(ConfigError(
+                    "--hashes applies to MDS output (WebDataset has no index to record them in)"
+                        .into()
+                ));
             }
             let options = ShardWriterOptions {
                 maxsize: args.shard_size.0,
@@ -270,7 +274,9 @@ fn wds_gzip(text: Option<&str>) -> anyhow::Result<bool> {
     match text.unwrap_or("none") {
         "none" | "" => Ok(false),
         "gz" | "gzip" => Ok(true),
-        other => bail!("WebDataset output takes --compression gz or none, not {other:?}"),
+        other => bail!(ConfigError(format!(
+            "WebDataset output takes --compression gz or none, not {other:?}"
+        ))),
     }
 }
 
