@@ -1,7 +1,12 @@
 //! `shardstream`: one binary over the shardstream crates (see `shardstream --help`).
 //!
 //! Each subcommand lives in its own module under [`commands`]; this file parses the command line,
-//! sets up logging and turns an error into one line on stderr and a non-zero exit code.
+//! sets up logging and hands an error to [`exit`], which reports it once on stderr (as JSON under
+//! `--json`) and picks the exit code. What a command prints goes through [`output`].
+
+// Every line on stdout goes through `output::outln!`, which turns a closed pipe into a quiet
+// exit instead of the panic of `println!`.
+#![deny(clippy::print_stdout)]
 
 use std::process::ExitCode;
 
@@ -9,9 +14,11 @@ use clap::Parser;
 
 mod commands;
 mod dataset;
+mod exit;
 mod logging;
 mod metrics_server;
 mod node_args;
+mod output;
 mod progress;
 mod runtime;
 mod units;
@@ -50,15 +57,26 @@ impl Global {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return exit::usage(e, json_requested(std::env::args_os())),
+    };
     logging::init(cli.global.log_format, cli.global.verbose);
+    // Under `--json` (or JSON logs on stderr) the error is one JSON object too.
+    let json = cli.command.json() || cli.global.log_format == logging::LogFormat::Json;
     match commands::run(cli.command, &cli.global) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            // One line: the context chain joined by ": ".
-            let line = format!("{err:#}").replace('\n', " ");
-            eprintln!("shardstream: error: {line}");
-            ExitCode::FAILURE
-        }
+        Err(err) => exit::report(&err, json),
     }
+}
+
+/// Whether a command line that clap refused asked for JSON (`--json` or `--log-format json`),
+/// read from the raw arguments before `--` (after it they belong to `run`'s command).
+fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let args: Vec<std::ffi::OsString> = args.into_iter().take_while(|a| a != "--").collect();
+    args.iter()
+        .any(|a| a == "--json" || a == "--log-format=json")
+        || args
+            .windows(2)
+            .any(|w| w[0] == "--log-format" && w[1] == "json")
 }

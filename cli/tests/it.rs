@@ -11,6 +11,7 @@ mod support;
 
 mod cache_gc;
 mod ckpt;
+mod manners;
 mod mount;
 mod path_safety;
 mod run;

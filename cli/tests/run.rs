@@ -38,7 +38,8 @@ fn exit_code_is_the_commands() {
         ]));
         assert_eq!(got, code, "{script}: {stderr}");
     }
-    // A command that cannot be started is a one-line error, not a code of the command's.
+    // A command that cannot be started is a one-line error (its cause said once) and 127, as a
+    // shell reports a command not found.
     let (got, _, stderr) = output(shardstream(&[
         "run",
         "--run-id",
@@ -48,11 +49,29 @@ fn exit_code_is_the_commands() {
         "--",
         "/nonexistent/trainer",
     ]));
-    assert_eq!(got, 1);
+    assert_eq!(got, 127, "{stderr}");
     assert!(
         stderr.contains("could not start /nonexistent/trainer"),
         "{stderr}"
     );
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+    // Found but not executable: 126, as a shell reports it.
+    let script = root.path().join("not-executable.sh");
+    fs::write(&script, "exit 0\n").unwrap();
+    let (got, _, stderr) = output(shardstream(&[
+        "run",
+        "--run-id",
+        "codes",
+        "--cache-root",
+        &root_s,
+        "--",
+        &s(&script),
+    ]));
+    assert_eq!(got, 126, "{stderr}");
 }
 
 #[test]
@@ -177,7 +196,7 @@ fn no_run_id_is_a_clear_error_and_torchelastic_none_is_refused() {
     ];
 
     let (code, _, stderr) = output(&mut shardstream(&args));
-    assert_eq!(code, 1);
+    assert_eq!(code, 78, "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.starts_with(
@@ -189,7 +208,7 @@ fn no_run_id_is_a_clear_error_and_torchelastic_none_is_refused() {
 
     // torchrun's default --rdzv-id, shared by every run that did not set one.
     let (code, _, stderr) = output(shardstream(&args).env("TORCHELASTIC_RUN_ID", "none"));
-    assert_eq!(code, 1);
+    assert_eq!(code, 78, "{stderr}");
     assert!(
         stderr.contains("no run id") && stderr.contains("TORCHELASTIC_RUN_ID is none"),
         "{stderr}"
@@ -197,7 +216,7 @@ fn no_run_id_is_a_clear_error_and_torchelastic_none_is_refused() {
 
     // A run id that is not one folder name.
     let (code, _, stderr) = output(shardstream(&args).env("SHARDSTREAM_RUN_ID", "../escape"));
-    assert_eq!(code, 1);
+    assert_eq!(code, 78, "{stderr}");
     assert!(stderr.contains("not usable as a folder name"), "{stderr}");
 
     // Several nodes and no node rank: refused rather than every node sharing folder 0.
@@ -206,7 +225,7 @@ fn no_run_id_is_a_clear_error_and_torchelastic_none_is_refused() {
             .env("SHARDSTREAM_RUN_ID", "multi")
             .env("PET_NNODES", "4"),
     );
-    assert_eq!(code, 1);
+    assert_eq!(code, 78, "{stderr}");
     assert!(stderr.contains("no node rank: PET_NNODES=4"), "{stderr}");
 
     assert!(!started.exists(), "the command ran despite the error");
@@ -239,7 +258,9 @@ fn sigterm_is_forwarded_and_the_command_drains_within_the_grace_period() {
     let start = Instant::now();
     kill("TERM", run.id());
     let status = wait_for(&mut run, LIMIT);
-    assert_eq!(status.code(), Some(0));
+    // The command exited 0, but it was stopped, not finished: 128 + SIGTERM, so that a Job
+    // does not count the index as succeeded.
+    assert_eq!(status.code(), Some(143));
     assert_eq!(
         fs::read_to_string(root.path().join("term/0/drained")).unwrap(),
         "drained\n"
@@ -345,7 +366,7 @@ fn two_concurrent_runs_on_one_root_never_share_a_folder() {
                 .env("SHARDSTREAM_NODE_RANK", node)
                 .env("SHARDSTREAM_CACHE_DIR", &dir_a),
         );
-        assert_eq!(code, 1, "{stderr}");
+        assert_eq!(code, 78, "{stderr}");
         assert!(
             stderr.contains("belongs to run \"run-a\" node 0") && stderr.contains("never share"),
             "{stderr}"

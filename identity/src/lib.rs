@@ -31,7 +31,7 @@ pub use locate::{
     stable_hash_from, CacheOverrides, STABLE_HASH_START,
 };
 pub use resolve::{
-    derived_run_id, os_env, resolve, resolve_with, validate_run_id, Overrides, ProcessRank,
-    Resolved, Source, CACHE_DIR_ENV, CACHE_ROOT_ENV, NODE_RANK_ENV, NODE_RANK_SOURCES, RUN_ID_ENV,
-    RUN_ID_SOURCES,
+    derived_run_id, multi_node_flag, os_env, resolve, resolve_for_command, resolve_node_rank_with,
+    resolve_with, validate_run_id, Overrides, ProcessRank, Resolved, Source, CACHE_DIR_ENV,
+    CACHE_ROOT_ENV, NODE_RANK_ENV, NODE_RANK_SOURCES, RUN_ID_ENV, RUN_ID_SOURCES,
 };

@@ -35,6 +35,20 @@ pub enum LauncherError {
         /// The node rank being prepared.
         node: u32,
     },
+    /// The cache folder's lease is held by a run on another host.
+    #[error(
+        "cache folder {dir} is in use by host {holder} (this is {host}): one node's folder has one \
+         host at a time; if {holder} is a pod still terminating, a retry succeeds once it is gone, \
+         else check that no two pods get the same node rank"
+    )]
+    CacheDirInUseElsewhere {
+        /// The folder.
+        dir: PathBuf,
+        /// The host named in its marker, whose lease is held.
+        holder: String,
+        /// This host.
+        host: String,
+    },
     /// A marker file that does not parse.
     #[error("cache marker {path} is unreadable: {reason}")]
     BadMarker {

@@ -3,7 +3,9 @@
 //! - `SIGTERM`/`SIGINT`/`SIGHUP` are forwarded to the child's whole group;
 //! - after `SIGTERM` or `SIGINT`, the group gets `grace` to exit, then `SIGKILL`;
 //! - the child's exit code is returned (`128 + n` if signal `n` ended it), the convention
-//!   shells and Kubernetes use, so a pod's status reads the same as without the wrapper;
+//!   shells and Kubernetes use, so a pod's status reads the same as without the wrapper; a
+//!   child that exits 0 after a forwarded `SIGTERM`/`SIGINT` reports `128 + n` too
+//!   ([`outcome_code`]): it was stopped, not finished;
 //! - once the child is gone, anything left in its group gets `SIGKILL`, then the shutdown
 //!   hooks run in order, each within its own timeout.
 //!
@@ -43,7 +45,8 @@ pub(crate) enum Event {
 /// How the command ended.
 #[derive(Debug)]
 pub struct Outcome {
-    /// The exit code to exit with: the child's, or `128 + signal`.
+    /// The exit code to exit with ([`outcome_code`]): the child's, or `128 + n` when signal
+    /// `n` ended it or when it exited 0 after being asked to stop.
     pub exit_code: i32,
     /// The child's status.
     pub status: ExitStatus,
@@ -62,6 +65,19 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 1,
+    }
+}
+
+/// The exit code of a supervised run: [`exit_code`], except that a command asked to stop
+/// (`SIGTERM`/`SIGINT` forwarded) which then exits 0 reports `128 + n` of the first such
+/// signal. A trainer that saves a checkpoint on `SIGTERM` and exits cleanly has still been
+/// stopped, not finished: exiting 0 would mark its Kubernetes index Succeeded and the Job would
+/// never run it again. A non-zero code of the command's own is kept as it is.
+pub fn outcome_code(status: ExitStatus, forwarded: &[ForwardSignal]) -> i32 {
+    let code = exit_code(status);
+    match forwarded.iter().find(|s| s.starts_grace()) {
+        Some(stop) if code == 0 => 128 + stop.number(),
+        _ => code,
     }
 }
 
@@ -302,8 +318,8 @@ impl Running {
         if signal_group(pgid, Signal::KILL) {
             warn!("killed processes the command left behind in its group");
         }
-        let exit_code = exit_code(status);
-        info!(program = %program, exit_code, "exited");
+        let exit_code = outcome_code(status, &forwarded);
+        info!(program = %program, status = %status, exit_code, "exited");
         let hooks = run_hooks(hooks);
         Ok(Outcome {
             exit_code,
@@ -330,5 +346,37 @@ fn signal_group(pgid: Pid, sig: Signal) -> bool {
             warn!(error = %e, "signalling the process group failed");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// A wait status as `waitpid` reports it: exited with `code`.
+    fn exited(code: i32) -> ExitStatus {
+        ExitStatus::from_raw(code << 8)
+    }
+
+    /// A wait status: killed by signal `sig`.
+    fn killed(sig: i32) -> ExitStatus {
+        ExitStatus::from_raw(sig)
+    }
+
+    #[test]
+    fn a_stopped_command_that_exits_0_reports_the_stop() {
+        use ForwardSignal::{Hup, Int, Term};
+        assert_eq!(outcome_code(exited(0), &[]), 0);
+        assert_eq!(outcome_code(exited(0), &[Term]), 128 + 15);
+        assert_eq!(outcome_code(exited(0), &[Int, Term]), 128 + 2);
+        // SIGHUP alone does not ask to stop (a program may reload on it).
+        assert_eq!(outcome_code(exited(0), &[Hup]), 0);
+        assert_eq!(outcome_code(exited(0), &[Hup, Term]), 128 + 15);
+        // The command's own failure is kept.
+        assert_eq!(outcome_code(exited(3), &[Term]), 3);
+        assert_eq!(outcome_code(exited(3), &[]), 3);
+        assert_eq!(outcome_code(killed(9), &[Term]), 128 + 9);
+        assert_eq!(outcome_code(killed(15), &[]), 128 + 15);
     }
 }

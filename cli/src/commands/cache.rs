@@ -8,6 +8,7 @@ use shardstream_launcher::identity::default_cache_root;
 use shardstream_launcher::{cache_gc, os_env, GcReport};
 
 use super::run::parse_duration;
+use crate::output::outln;
 use crate::Global;
 
 /// `cache ACTION`.
@@ -41,6 +42,15 @@ pub enum CacheAction {
     },
 }
 
+impl CacheAction {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        match self {
+            CacheAction::Gc { json, .. } => *json,
+        }
+    }
+}
+
 /// Runs `cache`.
 pub fn run(args: CacheArgs, global: &Global) -> anyhow::Result<()> {
     let _ = global;
@@ -72,9 +82,9 @@ fn gc(
     )
     .with_context(|| format!("cache gc of {}", root.display()))?;
     if json {
-        println!("{}", report_json(&root, &report, dry_run));
+        outln!("{}", report_json(&root, &report, dry_run))?;
     } else {
-        print_text(&report, dry_run);
+        print_text(&report, dry_run)?;
     }
     Ok(())
 }
@@ -100,25 +110,26 @@ fn report_json(root: &std::path::Path, report: &GcReport, dry_run: bool) -> serd
     })
 }
 
-fn print_text(report: &GcReport, dry_run: bool) {
+fn print_text(report: &GcReport, dry_run: bool) -> anyhow::Result<()> {
     let verb = if dry_run { "would remove" } else { "removed" };
     for (run_id, bytes) in &report.removed {
-        println!("{verb} {run_id} ({bytes} bytes)");
+        outln!("{verb} {run_id} ({bytes} bytes)")?;
     }
     for run_id in &report.busy {
-        println!("in use, kept {run_id}");
+        outln!("in use, kept {run_id}")?;
     }
     for path in &report.foreign {
-        println!(
+        outln!(
             "not a shardstream run folder, left alone: {}",
             path.display()
-        );
+        )?;
     }
-    println!(
+    outln!(
         "{verb} {} run(s), {} bytes; {} in use; {} too recent",
         report.removed.len(),
         report.freed_bytes(),
         report.busy.len(),
         report.kept.len()
-    );
+    )?;
+    Ok(())
 }

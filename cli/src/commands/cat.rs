@@ -1,14 +1,13 @@
 //! `cat DATASET`: print samples in dataset order; with `--json`, one canonical JSON object per line
 //! (`sample_to_canonical_json`, the shape `docs/formats.md` documents).
 
-use std::io::{BufWriter, ErrorKind, Write};
+use std::io::{BufWriter, Write};
 
-use anyhow::Context;
 use shardstream_sharding::input::InputFormat;
 use shardstream_sharding::value::{sample_to_canonical_json, Value};
 use shardstream_sharding::Sample;
 
-use crate::{dataset, runtime, Global};
+use crate::{dataset, output, runtime, Global};
 
 /// Arguments of `cat`.
 #[derive(Debug, clap::Args)]
@@ -40,33 +39,21 @@ pub fn run(args: CatArgs, _global: &Global) -> anyhow::Result<()> {
             dataset::open(&args.dataset, args.input_format, args.allow_unsafe_types).await?;
         let stdout = std::io::stdout();
         let mut out = BufWriter::new(stdout.lock());
-        let mut broken_pipe = false;
         let result = dataset::visit_samples(&dataset, args.start, args.limit, |i, sample| {
-            let written = if args.json {
+            if args.json {
                 serde_json::to_writer(&mut out, &sample_to_canonical_json(&sample))
                     .map_err(std::io::Error::from)
                     .and_then(|()| out.write_all(b"\n"))
             } else {
                 write_text(&mut out, i, &sample)
-            };
-            match written {
-                Ok(()) => Ok(true),
-                // `cat ... | head` closes the pipe: stop quietly.
-                Err(e) if e.kind() == ErrorKind::BrokenPipe => {
-                    broken_pipe = true;
-                    Ok(false)
-                }
-                Err(e) => Err(e).context("cannot write to stdout"),
             }
+            // `cat ... | head` closes the pipe: `StdoutClosed` ends the command quietly.
+            .map_err(output::stdout_error)?;
+            Ok(true)
         })
         .await;
         result?;
-        match out.flush() {
-            Err(e) if e.kind() != ErrorKind::BrokenPipe && !broken_pipe => {
-                Err(e).context("cannot write to stdout")
-            }
-            _ => Ok(()),
-        }
+        out.flush().map_err(output::stdout_error)
     })
 }
 

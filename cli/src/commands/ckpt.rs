@@ -14,11 +14,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use futures::StreamExt;
 use serde::Serialize;
 use shardstream_checkpoint::{
     CheckpointInfo, CheckpointRoot, DownloadReport, GcOptions, GcReport, RetentionPolicy,
 };
+use shardstream_storage::object_store::ObjectStore;
 
+use crate::output::outln;
 use crate::{runtime, Global};
 
 /// `ckpt`: checkpoint management.
@@ -96,6 +99,19 @@ pub enum CkptAction {
     },
 }
 
+impl CkptAction {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        match self {
+            CkptAction::Ls { json, .. }
+            | CkptAction::Latest { json, .. }
+            | CkptAction::Verify { json, .. }
+            | CkptAction::Gc { json, .. }
+            | CkptAction::Download { json, .. } => *json,
+        }
+    }
+}
+
 /// `30s`, `15m`, `24h`, `2d` (a bare number is seconds).
 fn parse_age(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -152,16 +168,22 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
         CkptAction::Ls { root, json } => {
             let ckpt = open(&root)?;
             let list = rt.block_on(ckpt.list())?;
+            if list.is_empty() {
+                rt.block_on(ensure_root_exists(&ckpt, &root))?;
+            }
             let entries: Vec<Entry> = list.iter().map(|i| entry(&root, i)).collect();
             if json {
-                println!("{}", serde_json::to_string(&entries)?);
+                outln!("{}", serde_json::to_string(&entries)?)?;
             } else {
                 for e in &entries {
                     let step = e.step.map_or_else(|| "-".to_owned(), |s| s.to_string());
-                    println!(
+                    outln!(
                         "{}\tstep={step}\tworld_size={}\tfiles={}\tbytes={}",
-                        e.id, e.world_size, e.files, e.total_bytes
-                    );
+                        e.id,
+                        e.world_size,
+                        e.files,
+                        e.total_bytes
+                    )?;
                 }
             }
             Ok(())
@@ -173,9 +195,9 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             };
             let e = entry(&root, &info);
             if json {
-                println!("{}", serde_json::to_string(&e)?);
+                outln!("{}", serde_json::to_string(&e)?)?;
             } else {
-                println!("{}", e.url);
+                outln!("{}", e.url)?;
             }
             Ok(())
         }
@@ -191,16 +213,17 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
                     "id": id, "ok": problems.is_empty(), "files_checked": report.files_checked,
                     "bytes_checked": report.bytes_checked, "problems": problems,
                 });
-                println!("{out}");
+                outln!("{out}")?;
             } else {
                 for p in &problems {
-                    println!("FAILED {p}");
+                    outln!("FAILED {p}")?;
                 }
                 if problems.is_empty() {
-                    println!(
+                    outln!(
                         "ok: {id}: {} files, {} bytes verified",
-                        report.files_checked, report.bytes_checked
-                    );
+                        report.files_checked,
+                        report.bytes_checked
+                    )?;
                 }
             }
             if !problems.is_empty() {
@@ -220,6 +243,7 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
             json,
         } => {
             let ckpt = open(&root)?;
+            rt.block_on(ensure_root_exists(&ckpt, &root))?;
             let defaults = GcOptions::default();
             let opts = GcOptions {
                 policy: RetentionPolicy {
@@ -256,12 +280,12 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
                 let out = serde_json::json!({
                     "id": id, "local": local, "files": files, "bytes": bytes,
                 });
-                println!("{out}");
+                outln!("{out}")?;
             } else {
-                println!(
+                outln!(
                     "downloaded {id}: {files} files, {bytes} bytes, verified, to {}",
                     local.display()
-                );
+                )?;
             }
             Ok(())
         }
@@ -270,6 +294,29 @@ pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
 
 fn open(root: &str) -> anyhow::Result<CheckpointRoot> {
     CheckpointRoot::open_url(root).with_context(|| format!("opening checkpoint root {root}"))
+}
+
+/// Fails unless `root` exists, so that a mistyped root is an error rather than an empty
+/// listing (or a gc that finds nothing to do): a local root must be a folder; an object-store
+/// root, which has no folders, must have at least one object under its prefix. A root that
+/// exists and holds no checkpoint yet is fine.
+async fn ensure_root_exists(ckpt: &CheckpointRoot, root: &str) -> anyhow::Result<()> {
+    if let Some(dir) = ckpt.local_root() {
+        return match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => bail!("checkpoint root {root} is not a folder"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("checkpoint root {root} does not exist")
+            }
+            Err(e) => Err(e).with_context(|| format!("checkpoint root {root}")),
+        };
+    }
+    let first = ckpt.store().list(Some(ckpt.root())).next().await;
+    match first {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(e).with_context(|| format!("listing checkpoint root {root}")),
+        None => bail!("checkpoint root {root} does not exist: no object under it (mistyped?)"),
+    }
 }
 
 fn resolve_id(
@@ -304,40 +351,40 @@ fn print_gc(report: &GcReport, dry_run: bool, json: bool) -> anyhow::Result<()> 
             "foreign_objects": report.foreign_objects,
             "foreign_dirs": report.foreign_dirs,
         });
-        println!("{out}");
+        outln!("{out}")?;
         return Ok(());
     }
     let verb = if dry_run { "would delete" } else { "deleted" };
     for id in &report.deleted {
-        println!("{verb} checkpoint {id}");
+        outln!("{verb} checkpoint {id}")?;
     }
     for dir in &report.leftover_dirs_deleted {
-        println!("{verb} unfinished save {dir}");
+        outln!("{verb} unfinished save {dir}")?;
     }
     for attempt in &report.stale_attempts_deleted {
-        println!("{verb} dead attempt {attempt}");
+        outln!("{verb} dead attempt {attempt}")?;
     }
     for path in &report.local_paths_deleted {
-        println!("{verb} {}", path.display());
+        outln!("{verb} {}", path.display())?;
     }
     for dir in &report.unreadable {
-        println!("left alone (manifest does not read) {dir}");
+        outln!("left alone (manifest does not read) {dir}")?;
     }
     for dir in &report.foreign_dirs {
-        println!("left alone (not a checkpoint) {dir}");
+        outln!("left alone (not a checkpoint) {dir}")?;
     }
     if report.foreign_objects > 0 {
-        println!(
+        outln!(
             "left alone {} object(s) inside checkpoint folders that gc does not manage",
             report.foreign_objects
-        );
+        )?;
     }
-    println!(
+    outln!(
         "kept {} checkpoint(s); {verb} {} object(s), {} bytes; {} recent leftover(s) kept",
         report.kept.len(),
         report.objects_deleted,
         report.bytes_deleted,
         report.young_leftovers
-    );
+    )?;
     Ok(())
 }

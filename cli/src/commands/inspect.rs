@@ -7,6 +7,7 @@ use serde::Serialize;
 use shardstream_sharding::input::InputFormat;
 
 use crate::dataset::{self, Layout};
+use crate::output::outln;
 use crate::units::ByteSize;
 use crate::{runtime, Global};
 
@@ -67,9 +68,9 @@ pub fn run(args: InspectArgs, _global: &Global) -> anyhow::Result<()> {
         inspect(&dataset).await
     })?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
     } else {
-        print_text(&report);
+        print_text(&report)?;
     }
     Ok(())
 }
@@ -159,7 +160,7 @@ pub async fn inspect(dataset: &dataset::Dataset) -> anyhow::Result<InspectReport
     Ok(report)
 }
 
-fn print_text(r: &InspectReport) {
+fn print_text(r: &InspectReport) -> anyhow::Result<()> {
     let list = |v: &[String]| {
         if v.is_empty() {
             "none".to_string()
@@ -167,27 +168,28 @@ fn print_text(r: &InspectReport) {
             v.join(", ")
         }
     };
-    println!("dataset:     {}", r.dataset);
-    println!("format:      {}", r.format);
-    println!("shards:      {}", r.shards);
-    println!("samples:     {}", r.samples);
-    println!("raw bytes:   {} ({})", r.raw_bytes, ByteSize(r.raw_bytes));
+    outln!("dataset:     {}", r.dataset)?;
+    outln!("format:      {}", r.format)?;
+    outln!("shards:      {}", r.shards)?;
+    outln!("samples:     {}", r.samples)?;
+    outln!("raw bytes:   {} ({})", r.raw_bytes, ByteSize(r.raw_bytes))?;
     if let Some(zip) = r.zip_bytes {
-        println!("zip bytes:   {zip} ({})", ByteSize(zip));
+        outln!("zip bytes:   {zip} ({})", ByteSize(zip))?;
     }
-    println!("compression: {}", list(&r.compression));
-    println!("hashes:      {}", list(&r.hashes));
+    outln!("compression: {}", list(&r.compression))?;
+    outln!("hashes:      {}", list(&r.hashes))?;
     if !r.size_limit.is_empty() {
         let limits: Vec<String> = r
             .size_limit
             .iter()
             .map(|l| ByteSize(*l).to_string())
             .collect();
-        println!("size limit:  {}", limits.join(", "));
+        outln!("size limit:  {}", limits.join(", "))?;
     }
-    println!("columns:");
+    outln!("columns:")?;
     for c in &r.columns {
         let size = c.size.map(|s| format!(" ({s} bytes)")).unwrap_or_default();
-        println!("  {}: {}{size}", c.name, c.encoding);
+        outln!("  {}: {}{size}", c.name, c.encoding)?;
     }
+    Ok(())
 }

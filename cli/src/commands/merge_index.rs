@@ -13,6 +13,7 @@ use shardstream_sharding::mds::pyjson;
 use shardstream_sharding::safe_path::check_relative;
 use shardstream_storage::Location;
 
+use crate::output::outln;
 use crate::runtime;
 
 /// Arguments of `merge-index`.
@@ -41,15 +42,15 @@ pub fn run(args: MergeIndexArgs) -> anyhow::Result<()> {
     let root = Location::open(&args.root).with_context(|| format!("cannot open {}", args.root))?;
     let summary = runtime::build(2)?.block_on(merge(&root))?;
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?)?;
     } else {
-        println!(
+        outln!(
             "merged {} parts ({} shards, {} samples) into {}",
             summary.parts.len(),
             summary.shards,
             summary.samples,
             root.url_of("index.json")
-        );
+        )?;
     }
     Ok(())
 }

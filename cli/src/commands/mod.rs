@@ -5,6 +5,7 @@ use crate::Global;
 pub mod cache;
 pub mod cat;
 pub mod ckpt;
+pub mod completions;
 pub mod inspect;
 pub mod merge_index;
 pub mod mount;
@@ -43,6 +44,26 @@ pub enum Command {
     Run(run::RunArgs),
     /// Node cache maintenance.
     Cache(cache::CacheArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+}
+
+impl Command {
+    /// Whether the command was asked for JSON output (`--json`): its error is JSON then too.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Shard(a) => a.json,
+            Command::MergeIndex(a) => a.json,
+            Command::Upload(a) | Command::Download(a) => a.json,
+            Command::Inspect(a) => a.json,
+            Command::Verify(a) => a.json,
+            Command::Cat(a) => a.json,
+            Command::Stream(a) => a.json,
+            Command::Ckpt(a) => a.action.json(),
+            Command::Cache(a) => a.action.json(),
+            Command::Mount(_) | Command::Run(_) | Command::Completions(_) => false,
+        }
+    }
 }
 
 /// Runs `command`.
@@ -60,5 +81,6 @@ pub fn run(command: Command, global: &Global) -> anyhow::Result<()> {
         Command::Ckpt(args) => ckpt::run(args, global),
         Command::Run(args) => run::run(args, global),
         Command::Cache(args) => cache::run(args, global),
+        Command::Completions(args) => completions::run(&args),
     }
 }

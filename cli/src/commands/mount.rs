@@ -14,7 +14,9 @@ use anyhow::{bail, Context};
 use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
+use crate::exit::ConfigError;
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
+use crate::output::outln;
 use crate::Global;
 
 /// `mount DATASET MOUNTPOINT`: a read-only FUSE view of a dataset.
@@ -97,7 +99,9 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
             .fetch_timeout
             .map(Duration::try_from_secs_f64)
             .transpose()
-            .context("--fetch-timeout must be a positive number of seconds")?,
+            .map_err(|_| {
+                ConfigError("--fetch-timeout must be a positive number of seconds".into())
+            })?,
         ..FsConfig::default()
     };
     let fs = DatasetFs::new(Arc::new(source), fs_config)
@@ -205,7 +209,7 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.ready_timeout);
     loop {
         if ready.exists() {
-            println!("{}", child.id());
+            outln!("{}", child.id())?;
             tracing::debug!(ready = %ready.display(), log = %log.display(), "daemon ready");
             return Ok(());
         }

@@ -5,15 +5,18 @@
 //! ready, runs the command with `SHARDSTREAM_RUN_ID`, `SHARDSTREAM_NODE_RANK` and
 //! `SHARDSTREAM_CACHE_DIR` exported, forwards `SIGTERM`/`SIGINT`/`SIGHUP` to it, kills it a grace
 //! period after `SIGTERM`/`SIGINT`, unmounts, and exits with the command's exit code (`128 + n`
-//! when signal `n` ended it).
+//! when signal `n` ended it, or when it exited 0 after a forwarded `SIGTERM`/`SIGINT`). Its own
+//! failures have the codes of `crate::exit` (78 for a configuration error, 127 for a command
+//! not found), and a command line that says several nodes (`--nnodes 2`) needs a node rank.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context;
+use shardstream_launcher::identity::resolve_for_command;
 use shardstream_launcher::{
-    locate_resolved, os_env, prepare_cache_dir, resolve_with, start_mount, EarlySignals,
-    HookResult, LauncherError, MountSpec, Supervisor,
+    locate_resolved, os_env, prepare_cache_dir, start_mount, EarlySignals, HookResult,
+    LauncherError, MountSpec, Supervisor,
 };
 use tracing::{info, warn};
 
@@ -59,7 +62,10 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
     // processes behind); a stop requested before the command starts is honoured below.
     let mut early = EarlySignals::install()?;
     let overrides = args.node.overrides();
-    let resolved = resolve_with(&overrides.run, &os_env).context("resolving the run")?;
+    // The command's own flags count too: `torchrun --nnodes=2` with no node rank anywhere is
+    // refused rather than run as node 0 on every node.
+    let resolved =
+        resolve_for_command(&overrides.run, &args.command, &os_env).context("resolving the run")?;
     resolved.log();
     let dir =
         locate_resolved(&overrides, &resolved, &os_env).context("locating the cache folder")?;

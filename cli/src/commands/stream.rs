@@ -6,10 +6,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use shardstream_launcher::identity::{os_env, resolve_node_rank_with};
 use shardstream_streamer::order::{OrderConfig, Rank, World};
 use shardstream_streamer::{StreamPlan, StreamingConfig, StreamingDataset};
 
+use crate::exit::ConfigError;
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
+use crate::output::outln;
 use crate::units::ByteSize;
 use crate::{metrics_server, progress, Global};
 
@@ -85,7 +88,9 @@ pub struct StreamArgs {
 fn u32_arg(name: &str, value: Option<u64>, default: u32) -> anyhow::Result<u32> {
     match value {
         None => Ok(default),
-        Some(v) => u32::try_from(v).with_context(|| format!("--{name} {v} is too large")),
+        Some(v) => {
+            u32::try_from(v).map_err(|_| ConfigError(format!("--{name} {v} is too large")).into())
+        }
     }
 }
 
@@ -106,10 +111,7 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         u32_arg("num-workers", args.num_workers, 1)?,
         u32_arg("batch-size", args.batch_size, 1)?,
     )?;
-    let node = match args.node.node_rank {
-        Some(r) => r,
-        None => node_of(&dataset)?,
-    };
+    let node = node_rank(&args.node)?;
     let rank = Rank {
         node,
         local_process: u32_arg("local-rank", Some(args.local_rank), 0)?,
@@ -181,19 +183,19 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
         "metrics_addr": server.as_ref().map(|s| s.addr.to_string()),
     });
     if args.json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
-        println!(
+        outln!(
             "{samples} samples, {} in {elapsed:.2} s: {:.0} samples/s, {:.1} MB/s",
             ByteSize(bytes),
             samples as f64 / elapsed,
             bytes as f64 / 1e6 / elapsed
-        );
+        )?;
         match first_sample {
-            Some(t) => println!("time to first sample: {:.3} s", t.as_secs_f64()),
-            None => println!("time to first sample: - (no samples)"),
+            Some(t) => outln!("time to first sample: {:.3} s", t.as_secs_f64())?,
+            None => outln!("time to first sample: - (no samples)")?,
         }
-        println!(
+        outln!(
             "fetched {} in {} shards ({} requests); cache hits {}, misses {}; stalled {:.2} s",
             ByteSize(m.fetch_bytes),
             m.shards_fetched,
@@ -201,16 +203,13 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
             m.cache_hits,
             m.cache_misses,
             m.stall_seconds
-        );
+        )?;
         match peak_rss {
-            Some(rss) => println!("peak RSS: {}", ByteSize(rss)),
-            None => println!("peak RSS: unknown (no /proc/self/status)"),
+            Some(rss) => outln!("peak RSS: {}", ByteSize(rss))?,
+            None => outln!("peak RSS: unknown (no /proc/self/status)")?,
         }
     }
-    use std::io::Write;
-    std::io::stdout()
-        .flush()
-        .context("cannot write to stdout")?;
+    crate::output::flush()?;
     if server.is_some() && args.metrics_linger > 0 {
         std::thread::sleep(Duration::from_secs(args.metrics_linger));
     }
@@ -218,18 +217,14 @@ pub fn run(args: StreamArgs, global: &Global) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node rank the dataset's cache folder was resolved with (its last path component).
-fn node_of(dataset: &StreamingDataset) -> anyhow::Result<u32> {
-    let dir = dataset.cache_dir();
-    dir.file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.parse().ok())
-        .with_context(|| {
-            format!(
-                "cannot tell the node rank from the cache folder {}; pass --node-rank",
-                dir.display()
-            )
-        })
+/// This node's rank: `--node-rank`, else the environment's (`SHARDSTREAM_NODE_RANK`,
+/// `JOB_COMPLETION_INDEX`, ...), else 0 where nothing suggests several nodes: the rank the
+/// dataset's cache folder was resolved with, also for a local dataset read in place, whose
+/// folder names no rank.
+fn node_rank(node: &NodeArgs) -> anyhow::Result<u32> {
+    let (rank, _) = resolve_node_rank_with(&node.overrides().run, &os_env)
+        .context("resolving the node rank")?;
+    Ok(rank)
 }
 
 /// Peak resident set size (`VmHWM`) of this process.

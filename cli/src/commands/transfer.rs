@@ -27,6 +27,7 @@ use shardstream_sharding::input::InputFormat;
 use shardstream_storage::{sync_down_with, Env, Location, StorageOptions, SyncOptions};
 
 use crate::commands::verify;
+use crate::output::outln;
 use crate::{dataset, progress, runtime, Global};
 
 /// Arguments of `upload` and `download`.
@@ -161,7 +162,7 @@ pub fn upload(args: TransferArgs, global: &Global) -> anyhow::Result<()> {
         report.seconds = started.elapsed().as_secs_f64();
         anyhow::Ok(report)
     })?;
-    print_report(&report, "uploaded", &args);
+    print_report(&report, "uploaded", &args)?;
     Ok(())
 }
 
@@ -231,24 +232,30 @@ pub fn download(args: TransferArgs, global: &Global) -> anyhow::Result<()> {
         report.seconds = started.elapsed().as_secs_f64();
         anyhow::Ok(report)
     })?;
-    print_report(&report, "downloaded", &args);
+    print_report(&report, "downloaded", &args)?;
     Ok(())
 }
 
-fn print_report(report: &TransferReport, verb: &str, args: &TransferArgs) {
+fn print_report(report: &TransferReport, verb: &str, args: &TransferArgs) -> anyhow::Result<()> {
     if args.json {
-        println!("{}", serde_json::to_string(report).unwrap_or_default());
+        outln!("{}", serde_json::to_string(report).unwrap_or_default())?;
     } else {
         let verified = if report.verified_mds {
             ", MDS shards verified"
         } else {
             ""
         };
-        println!(
+        outln!(
             "{verb} {} files ({} bytes), skipped {} already there, in {:.1}s{verified}: {} -> {}",
-            report.transferred, report.bytes, report.skipped, report.seconds, args.from, args.to
-        );
+            report.transferred,
+            report.bytes,
+            report.skipped,
+            report.seconds,
+            args.from,
+            args.to
+        )?;
     }
+    Ok(())
 }
 
 fn is_mds_folder(dir: &Path) -> bool {

@@ -17,6 +17,7 @@ use shardstream_sharding::mds::{
 use shardstream_storage::Location;
 
 use crate::dataset::{self, get_optional, Layout};
+use crate::output::outln;
 use crate::{progress, runtime, Global};
 
 /// Arguments of `verify`.
@@ -70,16 +71,18 @@ pub fn run(args: VerifyArgs, global: &Global) -> anyhow::Result<()> {
         verify(&dataset, workers, global.progress()).await
     })?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
     } else {
         for p in &report.problems {
-            println!("FAILED {}: {}", p.file, p.problem);
+            outln!("FAILED {}: {}", p.file, p.problem)?;
         }
         if report.ok {
-            println!(
+            outln!(
                 "ok: {} files of {} shards verified ({})",
-                report.files_checked, report.shards, report.dataset
-            );
+                report.files_checked,
+                report.shards,
+                report.dataset
+            )?;
         }
     }
     match report.problems.first() {

@@ -10,8 +10,11 @@
 //! An empty value counts as unset: the downward API turns a missing label into `""`, which lets
 //! one pod template name the labels of several launchers.
 
+mod command;
 #[cfg(test)]
 mod tests;
+
+pub use command::{multi_node_flag, resolve_for_command};
 
 use std::ffi::OsString;
 use std::fmt;
@@ -204,6 +207,17 @@ pub fn resolve_with(
         node_rank_from,
         process,
     })
+}
+
+/// The node rank alone, as [`resolve_with`] finds it, for a caller that needs no run id (a
+/// local dataset read in place has no run folder to take its rank from).
+pub fn resolve_node_rank_with(
+    overrides: &Overrides,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(u32, Source)> {
+    let get = |name: &str| env(name).filter(|v| !v.is_empty());
+    let process = resolve_process(&get)?;
+    resolve_node_rank(overrides, &get, process.is_some())
 }
 
 fn resolve_run_id(

@@ -18,6 +18,8 @@ use shardstream_sharding::mds::{
 use shardstream_sharding::FormatError;
 use shardstream_storage::Location;
 
+use crate::exit::ConfigError;
+
 use super::pipeline::run_ordered;
 
 /// Stores files in an object store, blocking the calling writer thread until the PUT is done.
@@ -64,7 +66,10 @@ pub fn write(
     for (name, encoding) in &spec {
         let parsed = Encoding::parse(encoding).with_context(|| format!("column {name:?}"))?;
         if parsed.is_unsafe() && !settings.allow_unsafe_types {
-            bail!("column {name:?} uses the unsafe encoding {encoding:?}; pass --allow-unsafe-types to write it");
+            bail!(ConfigError(format!(
+                "column {name:?} uses the unsafe encoding {encoding:?}; pass --allow-unsafe-types \
+                 to write it"
+            )));
         }
     }
     let sink: Arc<dyn ShardSink> = match output.local_root() {

@@ -25,6 +25,8 @@ use shardstream_sharding::input::{self, parse_columns, part_range, InputFormat, 
 use shardstream_sharding::wds::ShardWriterOptions;
 use shardstream_storage::{sync_down, Location, StorageError};
 
+use crate::exit::ConfigError;
+use crate::output::outln;
 use crate::units::{ByteSize, Part};
 use crate::{progress, runtime, Global};
 
@@ -178,7 +180,10 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
         }
         OutputFormat::Wds => {
             if args.hashes.as_deref().is_some_and(|h| h != "none") {
-                bail!("--hashes applies to MDS output (WebDataset has no index to record them in)");
+                bail!(ConfigError(
+                    "--hashes applies to MDS output (WebDataset has no index to record them in)"
+                        .into()
+                ));
             }
             let options = ShardWriterOptions {
                 maxsize: args.shard_size.0,
@@ -199,9 +204,9 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
     summary.samples_per_second = summary.samples as f64 / secs;
     summary.mb_per_second = summary.raw_bytes as f64 / 1e6 / secs;
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?)?;
     } else {
-        println!(
+        outln!(
             "wrote {} samples in {} {} shards ({} raw, {} stored) to {} in {:.2}s: {:.0} samples/s, {:.1} MB/s",
             summary.samples,
             summary.shards,
@@ -212,7 +217,7 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
             summary.seconds,
             summary.samples_per_second,
             summary.mb_per_second
-        );
+        )?;
     }
     Ok(())
 }
@@ -269,7 +274,9 @@ fn wds_gzip(text: Option<&str>) -> anyhow::Result<bool> {
     match text.unwrap_or("none") {
         "none" | "" => Ok(false),
         "gz" | "gzip" => Ok(true),
-        other => bail!("WebDataset output takes --compression gz or none, not {other:?}"),
+        other => bail!(ConfigError(format!(
+            "WebDataset output takes --compression gz or none, not {other:?}"
+        ))),
     }
 }
 
