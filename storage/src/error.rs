@@ -75,7 +75,7 @@ pub enum StorageError {
     },
     /// The object is larger than the caller allows for it (an index or manifest read whole):
     /// refused from its size before its bytes are fetched.
-    #[error("{url} has {size} bytes, more than the {limit} allowed for it")]
+    #[error("{} has {size} bytes, more than the {limit} allowed for it", redact_url(.url))]
     TooLarge {
         /// Full URL of the object.
         url: String,
@@ -168,6 +168,7 @@ impl std::fmt::Debug for StorageError {
             Self::AlreadyExists { .. } => "AlreadyExists",
             Self::Changed { .. } => "Changed",
             Self::SizeMismatch { .. } => "SizeMismatch",
+            Self::TooLarge { .. } => "TooLarge",
             Self::PermissionDenied { .. } => "PermissionDenied",
             Self::Timeout { .. } => "Timeout",
             Self::Unreachable { .. } => "Unreachable",
