@@ -136,7 +136,8 @@ def test_prometheus_sees_the_node_sum_of_every_rank_and_worker(tmp_path, moto, p
             if seen == shard_bytes:
                 break
             time.sleep(0.5)
-        assert seen == shard_bytes, f"prometheus saw {seen} fetched bytes, the shards are {shard_bytes}"
+        assert seen == shard_bytes, (f"prometheus saw {seen} fetched bytes, the shards are {shard_bytes}; "
+                                     f"targets: {query(web, 'up')}")
         samples = scalar(web, "shardstream_samples_total")
         assert samples is not None and samples >= 600, samples
         # Scraped again after the workers exited: still the whole sum, and never lower before.

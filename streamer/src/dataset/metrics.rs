@@ -5,9 +5,10 @@
 //! **The node's sum.** A node runs many processes that stream (each rank, each of its DataLoader
 //! workers, a FUSE mount), and `shardstream run` serves the sum of all of them, including those
 //! that already exited. Each process publishes each dataset's counters into the node's cache
-//! folder, `metrics/<pid>-<id>.json` (written whole: temp file and rename), at most once a
-//! second while it streams and once more when the stream or dataset is dropped
-//! ([`Publisher`]); [`node_metrics`] sums the folder. A file is never removed while the run
+//! folder, `metrics/<pid>-<id>.json` (written whole: temp file and rename), once a second while
+//! its counters change (a task on the process's runtime, which ends with the dataset) and once
+//! more when a stream ends or the dataset is dropped ([`Publisher`]); [`node_metrics`] sums the
+//! folder. A file is never removed while the run
 //! lives, so a counter of the sum never goes backwards when a worker exits. A forked child
 //! (a DataLoader worker) inherits its parent's counters: it publishes only what it counted
 //! itself, from the moment its own engine started.
@@ -20,8 +21,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use tracing::debug;
@@ -254,19 +255,17 @@ impl MetricsSnapshot {
 
 /// The folder inside a node's cache folder where its processes publish their counters.
 pub const METRICS_DIR: &str = "metrics";
-/// How often a process that streams publishes its counters at most.
-const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// How often a process publishes its counters while they change.
+pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// A file not written for this long belongs to a process that no longer holds memory.
 const LIVE_WITHIN: Duration = Duration::from_secs(30);
 
 /// Publishes one dataset handle's counters of this process into the node folder (see the
-/// module doc). Cheap to call on every sample: a time check unless a second has passed.
+/// module doc).
 #[derive(Debug, Default)]
 pub(crate) struct Publisher {
     /// The process that owns `state` (a forked child starts its own).
     pid: AtomicU32,
-    /// Milliseconds since [`epoch`] at which the next publication is due.
-    due_ms: AtomicU64,
     state: Mutex<Option<Published>>,
 }
 
@@ -275,25 +274,22 @@ struct Published {
     file: PathBuf,
     /// The counters this process had when it started: its parent's, for a forked child.
     baseline: MetricsSnapshot,
-}
-
-/// The instant the process's clock for [`Publisher`] counts from.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// What was written last, so that an unchanged handle writes nothing.
+    last: Option<MetricsSnapshot>,
 }
 
 impl Publisher {
     /// Makes sure this process publishes into `node_dir`, starting a file of its own (with
-    /// the counters it holds now as the baseline) the first time it is called in a process.
-    pub(crate) fn start(&self, node_dir: &Path, snapshot: impl FnOnce() -> MetricsSnapshot) {
+    /// the counters it holds now as the baseline) the first time it is called in a process;
+    /// returns whether it started one now (the caller then starts the periodic task).
+    pub(crate) fn start(
+        &self,
+        node_dir: &Path,
+        snapshot: impl FnOnce() -> MetricsSnapshot,
+    ) -> bool {
         let pid = std::process::id();
         if self.pid.load(Ordering::Acquire) == pid {
-            return;
+            return false;
         }
         // `try_lock`: in a child forked while a thread of the parent was publishing, the lock
         // is held forever; that child then publishes nothing rather than hang.
@@ -302,10 +298,10 @@ impl Publisher {
                 pid,
                 "metrics publisher busy or inherited locked: this process publishes none"
             );
-            return;
+            return false;
         };
         if self.pid.load(Ordering::Acquire) == pid {
-            return;
+            return false;
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let stamp = SystemTime::now()
@@ -318,47 +314,44 @@ impl Publisher {
         *state = Some(Published {
             file: node_dir.join(METRICS_DIR).join(name),
             baseline: snapshot(),
+            last: None,
         });
-        self.due_ms.store(0, Ordering::Relaxed);
         self.pid.store(pid, Ordering::Release);
+        true
     }
 
-    /// Publishes if a second has passed since the last time.
-    pub(crate) fn publish_if_due(&self, snapshot: impl FnOnce() -> MetricsSnapshot) {
-        let now = now_ms();
-        let due = self.due_ms.load(Ordering::Relaxed);
-        if now < due
-            || self
-                .due_ms
-                .compare_exchange(
-                    due,
-                    now + PUBLISH_EVERY.as_millis() as u64,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_err()
-        {
-            return;
-        }
-        self.publish(snapshot);
-    }
-
-    /// Publishes now (a stream or dataset going away).
+    /// Publishes now, if the counters changed since the last time.
     pub(crate) fn publish(&self, snapshot: impl FnOnce() -> MetricsSnapshot) {
         if self.pid.load(Ordering::Acquire) != std::process::id() {
             return;
         }
-        let Ok(state) = self.state.lock() else {
+        let Ok(mut state) = self.state.lock() else {
             return;
         };
-        let Some(published) = state.as_ref() else {
+        let Some(published) = state.as_mut() else {
             return;
         };
         let counted = snapshot().since(&published.baseline);
+        if published.last.as_ref() == Some(&counted) {
+            return;
+        }
+        published.last = Some(counted);
         if let Err(e) = write_whole(&published.file, &counted) {
             // Metrics must never fail the data path; a folder that cannot take them is logged.
             debug!(file = %published.file.display(), error = %e, "cannot publish metrics");
         }
+    }
+}
+
+/// Publishes `inner`'s counters every [`PUBLISH_EVERY`] while they change, until the dataset
+/// is gone (its last counts are published by its drop).
+pub(crate) async fn publish_every_second(inner: std::sync::Weak<super::Inner>) {
+    loop {
+        tokio::time::sleep(PUBLISH_EVERY).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.publisher.publish(|| inner.snapshot());
     }
 }
 
@@ -461,10 +454,10 @@ mod tests {
         assert_eq!(node.samples, 15);
         assert_eq!(node.cache_bytes, 7);
         // A second start in the same process keeps its file and baseline.
-        parent.start(dir.path(), || MetricsSnapshot {
+        assert!(!parent.start(dir.path(), || MetricsSnapshot {
             fetch_bytes: 999,
             ..MetricsSnapshot::default()
-        });
+        }));
         parent.publish(|| MetricsSnapshot {
             fetch_bytes: 120,
             ..at_start
@@ -475,26 +468,37 @@ mod tests {
     }
 
     #[test]
-    fn publishing_is_rate_limited_and_a_missing_folder_sums_to_zero() {
+    fn unchanged_counters_write_nothing_and_a_missing_folder_sums_to_zero() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
             node_metrics(dir.path()).unwrap(),
             MetricsSnapshot::default()
         );
         let p = Publisher::default();
-        p.start(dir.path(), MetricsSnapshot::default);
+        assert!(p.start(dir.path(), MetricsSnapshot::default));
+        assert!(
+            !p.start(dir.path(), MetricsSnapshot::default),
+            "started once a process"
+        );
         let snap = |n| {
             move || MetricsSnapshot {
                 samples: n,
                 ..MetricsSnapshot::default()
             }
         };
-        p.publish_if_due(snap(1));
-        p.publish_if_due(snap(2));
+        p.publish(snap(1));
+        let file = fs::read_dir(dir.path().join(METRICS_DIR))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        fs::write(&file, "planted").unwrap();
+        p.publish(snap(1));
         assert_eq!(
-            node_metrics(dir.path()).unwrap().samples,
-            1,
-            "the second was not due"
+            fs::read_to_string(&file).unwrap(),
+            "planted",
+            "unchanged: not written"
         );
         p.publish(snap(3));
         assert_eq!(node_metrics(dir.path()).unwrap().samples, 3);

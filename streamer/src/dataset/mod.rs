@@ -464,8 +464,6 @@ impl StreamingDataset {
     /// its reads wait for the bytes they need ([`ShardHandle::is_complete`]).
     pub fn shard(&self, shard: usize) -> Result<ShardHandle> {
         let ps = self.proc()?;
-        let inner = &self.inner;
-        inner.publisher.publish_if_due(|| inner.snapshot());
         let fut = engine::open_shard(Arc::clone(&self.inner), Arc::clone(&ps), shard);
         ps.block_on(fut)
     }
@@ -587,7 +585,9 @@ impl StreamingDataset {
                     inner.fresh_locations()
                 })?;
         inner.save_index_copies(&engine);
-        inner.publisher.start(&inner.cache_dir, || inner.snapshot());
+        if inner.publisher.start(&inner.cache_dir, || inner.snapshot()) {
+            engine.spawn(metrics::publish_every_second(Arc::downgrade(inner)));
+        }
         Ok(engine)
     }
 }

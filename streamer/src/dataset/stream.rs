@@ -341,9 +341,14 @@ impl SampleStream {
         if self.failed {
             return None;
         }
-        let ds = &self.ds;
-        ds.publisher.publish_if_due(|| ds.snapshot());
-        match self.step() {
+        let item = self.step();
+        if !matches!(item, Ok(Some(_))) {
+            // The end of this stream (or its failure): its last counts, before a DataLoader
+            // worker that reaches it exits without running destructors.
+            let ds = &self.ds;
+            ds.publisher.publish(|| ds.snapshot());
+        }
+        match item {
             Ok(item) => item.map(Ok),
             Err(e) => {
                 debug!(error = %e, "stream failed");
