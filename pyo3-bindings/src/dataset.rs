@@ -4,7 +4,7 @@
 //! DataLoader workers under `fork` and `spawn` each have their own). That thread pulls samples
 //! from the streamer's prefetching [`SampleStream`] and parses their columns with no GIL; the
 //! Python side takes them in batches, waiting with the GIL released and checking for signals
-//! every [`POLL`], so Ctrl-C interrupts a blocked iteration.
+//! every [`blocking::POLL`], so Ctrl-C interrupts a blocked iteration.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,12 +29,11 @@ use shardstream_streamer::{
 };
 
 use crate::arena::{self, SlotBytes, SlotWriter};
+use crate::blocking;
 use crate::buffer::{Buffer, ColumnBuffer};
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
 
-/// How often a blocked wait wakes up to check for Ctrl-C.
-const POLL: Duration = Duration::from_millis(50);
 /// Most samples the reader thread hands over at once.
 const MAX_CHUNK: usize = 64;
 /// Most bytes the reader thread gathers before handing a chunk over.
@@ -244,7 +243,7 @@ impl NativeDataset {
             }]),
             (specs, _) => specs,
         };
-        let ds = interruptible(py, move || match specs {
+        let ds = blocking::run(py, move || match specs {
             Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
             None => StreamingDataset::open(config),
         })?
@@ -343,7 +342,7 @@ impl NativeDataset {
         }
         let decoder = Arc::clone(&self.decoder);
         let ds = Arc::clone(&self.ds);
-        let parsed = interruptible(py, move || -> PyResult<ParsedSample> {
+        let parsed = blocking::run(py, move || -> PyResult<ParsedSample> {
             let raw = ds.sample(index as u64).map_err(from_streamer)?;
             parse_raw(&decoder, raw, &ds).map_err(from_format)
         })??;
@@ -481,7 +480,7 @@ impl NativeDataset {
         let ds = Arc::clone(&self.ds);
         // Opening the cache folder may wait for another process's recovery of it.
         let prefetch =
-            interruptible(py, move || ds.prefetch(plan, max_shards))?.map_err(from_streamer)?;
+            blocking::run(py, move || ds.prefetch(plan, max_shards))?.map_err(from_streamer)?;
         Ok(NativePrefetch { prefetch })
     }
 
@@ -658,65 +657,18 @@ impl NativePrefetch {
     }
 
     /// Waits until every download it started has ended (at most `timeout` seconds); returns
-    /// whether they had. Ctrl-C interrupts it (the wait wakes every [`POLL`] to check).
+    /// whether they had. Ctrl-C interrupts it (the wait wakes every [`blocking::POLL`] to check).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline =
             timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
-        loop {
-            let slice = deadline.map_or(POLL, |d| {
-                POLL.min(d.saturating_duration_since(std::time::Instant::now()))
-            });
-            if py
-                .detach(|| self.prefetch.wait_timeout(slice))
-                .map_err(from_streamer)?
-            {
-                return Ok(true);
-            }
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                return Ok(false);
-            }
-            py.check_signals()?;
-        }
-    }
-}
-
-/// Runs `f` on a helper thread and waits for it with the GIL released, checking for signals
-/// every [`POLL`]: a call blocked on storage still answers Ctrl-C (the helper finishes on its own).
-/// Once the process runtime runs, the helper is one of its blocking threads, which stay for the
-/// next calls (starting and joining a thread for each call cost more than a random-access
-/// read); before, a thread of its own, so that building a dataset starts no runtime.
-fn interruptible<T: Send + 'static>(
-    py: Python<'_>,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> PyResult<T> {
-    let (tx, rx) = sync_channel::<T>(1);
-    let job = move || {
-        let _ = tx.send(f());
-    };
-    match shardstream_streamer::runtime::started_runtime() {
-        Some(rt) => drop(rt.spawn_blocking(job)),
-        None => drop(
-            std::thread::Builder::new()
-                .name("shardstream-call".into())
-                .spawn(job)
-                .map_err(|e| {
-                    pyo3::exceptions::PyRuntimeError::new_err(format!(
-                        "cannot start a helper thread: {e}"
-                    ))
-                })?,
-        ),
-    }
-    loop {
-        match py.detach(|| rx.recv_timeout(POLL)) {
-            Ok(value) => return Ok(value),
-            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "a shardstream helper thread stopped without an answer",
-                ))
-            }
-        }
+        let prefetch = &self.prefetch;
+        let done =
+            blocking::wait_until(py, deadline, |slice| match prefetch.wait_timeout(slice) {
+                Ok(false) => None,
+                done => Some(done),
+            })?;
+        Ok(done.transpose().map_err(from_streamer)?.unwrap_or(false))
     }
 }
 
@@ -820,7 +772,9 @@ impl NativeStream {
             if rx.is_empty() {
                 self.wanted.store(true, Ordering::Release);
             }
-            let got = py.detach(|| rx.recv_timeout(POLL));
+            // One slice of `blocking::wait` written out: the lock on `rx` must be let go before
+            // the signal handlers run (one may close this stream).
+            let got = py.detach(|| rx.recv_timeout(blocking::POLL));
             match got {
                 Ok(Ok(chunk)) => {
                     self.wanted.store(false, Ordering::Release);
