@@ -2,7 +2,9 @@
 //! the dataset classes.
 //!
 //! - [`config`]: what Python passes to open a dataset;
-//! - [`order`]: the order settings of an epoch;
+//! - [`order`]: the order of a run, the shape of the job, one reader in it and what it streams
+//!   (`Order`, `World`, `Rank`, `Plan`), built in Python and passed to the calls below;
+//! - [`state`]: a run's position (`State`), for `state_dict` and `load_state_dict`;
 //! - [`stream`]: `NativeStream`, one rank's part of an epoch, read by a background thread;
 //! - [`gather`]: a batch's columns laid end to end (`NativeStream.next_columns`);
 //! - [`prefetch`]: `NativePrefetch`, downloads started before the stream;
@@ -13,27 +15,27 @@ mod fork;
 mod gather;
 mod order;
 mod prefetch;
+mod state;
 mod stream;
 
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyDict;
 use shardstream_sharding::mds::Encoding;
 use shardstream_streamer::buffers::BufferPool;
-use shardstream_streamer::order::{
-    EpochOrder, OrderConfig, Rank, Sampling, StreamState, Weight, World,
-};
-use shardstream_streamer::{StreamPlan, StreamSpec, StreamingConfig, StreamingDataset};
+use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, StreamState, World};
+use shardstream_streamer::{StreamPlan, StreamingDataset};
 
 use crate::blocking;
 use crate::decode::{Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
 
-use config::{open_error, stream_spec, PyStream};
-use order::{order_config, remainder_name};
+use config::{open_error, OpenConfig, Opening};
+use order::{PyOrder, PyPlan, PyRank, PyWorld};
 use prefetch::NativePrefetch;
+use state::PyState;
 use stream::{parse_raw, NativeStream};
 
 /// Most bytes the reader thread gathers before handing a chunk over.
@@ -58,75 +60,21 @@ pub struct NativeDataset {
 #[pymethods]
 impl NativeDataset {
     #[new]
-    /// `streams` (each `(remote, split, weight kind, weight value)`) mixes several datasets as
-    /// Mosaic's `streams=` does; `remote` and `split` are then ignored. `zero_copy` gives `bytes`
-    /// columns as `Buffer`s.
-    #[pyo3(signature = (remote, *, split=None, local=None, cache_root=None, run_id=None,
-        node_rank=None, memory_limit=None, cache_limit=None, copy_local=false,
-        validate_hash=false, allow_unsafe_types=false, streams=None, epoch_size=None,
-        zero_copy=false, sampling_method="balanced"))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        remote: String,
-        split: Option<String>,
-        local: Option<std::path::PathBuf>,
-        cache_root: Option<std::path::PathBuf>,
-        run_id: Option<String>,
-        node_rank: Option<u64>,
-        memory_limit: Option<u64>,
-        cache_limit: Option<u64>,
-        copy_local: bool,
-        validate_hash: bool,
-        allow_unsafe_types: bool,
-        streams: Option<Vec<PyStream>>,
-        epoch_size: Option<u64>,
-        zero_copy: bool,
-        sampling_method: &str,
-    ) -> PyResult<Self> {
-        let sampling = match sampling_method {
-            "balanced" => Sampling::Balanced,
-            "fixed" => Sampling::Fixed,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "sampling_method must be 'balanced' or 'fixed', got {other:?}"
-                )))
-            }
-        };
-        let limit = memory_limit.unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
+    /// Opens the dataset `config` describes (see [`OpenConfig`]).
+    fn new(py: Python<'_>, config: OpenConfig) -> PyResult<Self> {
+        let limit = config
+            .memory_limit
+            .unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
         let binding_bytes = limit / BINDING_SHARE;
         // Half the share for the (at most 4) chunks in flight, half for the batch pool below.
         let chunk_bytes = (binding_bytes / 8).clamp(1, MAX_CHUNK_BYTES) as usize;
-        let memory_limit = Some(limit - binding_bytes);
-        let config = StreamingConfig {
-            remote,
-            split,
-            local,
-            cache_root,
-            run_id,
-            node_rank,
-            memory_limit,
-            cache_limit,
-            copy_local,
-            validate_hash,
-            allow_unsafe_types,
-            sampling,
-        };
-        let specs = streams
-            .map(|s| s.into_iter().map(stream_spec).collect::<PyResult<Vec<_>>>())
-            .transpose()?;
-        // Mosaic's `epoch_size` also resizes the epoch of a lone dataset: it is then a mix of
-        // one stream, whose sampling (each sample `f` times plus a fresh subset) is the mix's.
-        let specs = match (specs, epoch_size) {
-            (None, Some(_)) => Some(vec![StreamSpec {
-                remote: config.remote.clone(),
-                split: config.split.clone(),
-                weight: Weight::Natural,
-                location: None,
-            }]),
-            (specs, _) => specs,
-        };
-        let ds = blocking::run(py, move || match specs {
+        let zero_copy = config.zero_copy;
+        let Opening {
+            config,
+            streams,
+            epoch_size,
+        } = config.into_opening(Some(limit - binding_bytes))?;
+        let ds = blocking::run(py, move || match streams {
             Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
             None => StreamingDataset::open(config),
         })?
@@ -232,72 +180,31 @@ impl NativeDataset {
         self.decoder.to_python(py, parsed)
     }
 
-    /// The number of global positions of an epoch under this order (before padding).
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, ramp=true, sample_ramp=true))]
-    #[allow(clippy::too_many_arguments)]
-    fn epoch_len(
-        &self,
-        py: Python<'_>,
-        seed: u64,
-        shuffle: bool,
-        window: u32,
-        lanes: u32,
-        remainder: &str,
-        epoch: u64,
-        ramp: bool,
-        sample_ramp: bool,
-    ) -> PyResult<u64> {
-        let config = order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?;
-        let order = self.epoch_order(py, &config, epoch)?;
-        Ok(order.global_len())
+    /// The number of global positions of `epoch` under `order` (before padding).
+    fn epoch_len(&self, py: Python<'_>, order: &PyOrder, epoch: u64) -> PyResult<u64> {
+        Ok(self.epoch_order(py, &order.config, epoch)?.global_len())
     }
 
-    /// A `StreamState` as JSON text: the position after `consumed` global positions of `epoch`.
-    #[pyo3(signature = (seed, shuffle, window, lanes, remainder, epoch, consumed, ramp=true,
-        sample_ramp=true))]
-    #[allow(clippy::too_many_arguments)]
-    fn state_json(
+    /// The position after `consumed` global positions of `epoch` under `order`.
+    fn state(
         &self,
         py: Python<'_>,
-        seed: u64,
-        shuffle: bool,
-        window: u32,
-        lanes: u32,
-        remainder: &str,
+        order: &PyOrder,
         epoch: u64,
         consumed: u64,
-        ramp: bool,
-        sample_ramp: bool,
-    ) -> PyResult<String> {
-        let config = order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?;
-        let order = self.epoch_order(py, &config, epoch)?;
-        serde_json::to_string(&StreamState::new(&order, consumed))
-            .map_err(|e| PyValueError::new_err(format!("cannot serialise the stream state: {e}")))
+    ) -> PyResult<PyState> {
+        let order = self.epoch_order(py, &order.config, epoch)?;
+        Ok(PyState::new(&order, consumed))
     }
 
-    /// Checks a `StreamState` JSON against this dataset; returns
-    /// `(seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp,
-    /// sample_ramp)`.
-    fn parse_state<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyTuple>> {
+    /// Reads a state's JSON (`State.to_json`) and checks it against this dataset.
+    fn parse_state(&self, py: Python<'_>, text: &str) -> PyResult<PyState> {
         let state: StreamState = serde_json::from_str(text)
             .map_err(|e| PyValueError::new_err(format!("invalid stream state: {e}")))?;
         let order = py
             .detach(|| state.resume(self.ds.shape()))
             .map_err(from_streamer)?;
-        let c = state.config;
-        (
-            c.seed,
-            c.shuffle,
-            c.window,
-            c.lanes,
-            remainder_name(c.remainder),
-            state.epoch,
-            state.consumed,
-            order.global_len(),
-            c.ramp,
-            c.sample_ramp,
-        )
-            .into_pyobject(py)
+        Ok(PyState::resumed(state, &order))
     }
 
     /// This process's counters (bytes fetched, cache hits, memory in use, ...).
@@ -325,40 +232,22 @@ impl NativeDataset {
 
     /// Starts downloading, in the background of this process, the first shards (at most
     /// `max_shards`) of one process's part of an epoch, in the order the part needs them
-    /// (`StreamingDataset::prefetch`). Returns at once.
-    #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
-        processes_per_node, node, local_process, start, max_shards, ramp=true, sample_ramp=true))]
-    #[allow(clippy::too_many_arguments)]
+    /// (`StreamingDataset::prefetch`). Returns at once. The part is that of the plan's rank's
+    /// process: the plan's DataLoader workers, batch size and worker are not used.
     fn prefetch(
         &self,
         py: Python<'_>,
-        seed: u64,
-        shuffle: bool,
-        window: u32,
-        lanes: u32,
-        remainder: &str,
-        epoch: u64,
-        nodes: u32,
-        processes_per_node: u32,
-        node: u32,
-        local_process: u32,
-        start: u64,
+        plan: &PyPlan,
         max_shards: usize,
-        ramp: bool,
-        sample_ramp: bool,
     ) -> PyResult<NativePrefetch> {
         // One process's part: its DataLoader workers split it by batch, and together need the
         // same shards first, whatever the batch size.
+        let StreamPlan { world, rank, .. } = plan.plan;
         let plan = StreamPlan {
-            order: order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?,
-            epoch,
-            world: World::new(nodes, processes_per_node, 1, 1).map_err(from_streamer)?,
-            rank: Rank {
-                node,
-                local_process,
-                worker: 0,
-            },
-            start,
+            world: World::new(world.nodes(), world.processes_per_node(), 1, 1)
+                .map_err(from_streamer)?,
+            rank: Rank { worker: 0, ..rank },
+            ..plan.plan
         };
         let ds = Arc::clone(&self.ds);
         // Opening the cache folder may wait for another process's recovery of it.
@@ -367,50 +256,16 @@ impl NativeDataset {
         Ok(NativePrefetch { prefetch })
     }
 
-    /// Streams one rank's part of an epoch. `raw=True` yields column batches for
+    /// Streams what `plan` says. `raw=True` yields column batches for
     /// `NativeStream.next_columns` instead of decoded samples.
-    #[pyo3(signature = (*, seed, shuffle, window, lanes, remainder, epoch, nodes,
-        processes_per_node, workers, batch_size, node, local_process, worker, start, raw=false,
-        ramp=true, sample_ramp=true))]
-    #[allow(clippy::too_many_arguments)]
-    fn stream(
-        &self,
-        seed: u64,
-        shuffle: bool,
-        window: u32,
-        lanes: u32,
-        remainder: &str,
-        epoch: u64,
-        nodes: u32,
-        processes_per_node: u32,
-        workers: u32,
-        batch_size: u32,
-        node: u32,
-        local_process: u32,
-        worker: u32,
-        start: u64,
-        raw: bool,
-        ramp: bool,
-        sample_ramp: bool,
-    ) -> PyResult<NativeStream> {
-        let plan = StreamPlan {
-            order: order_config(seed, shuffle, window, lanes, remainder, ramp, sample_ramp)?,
-            epoch,
-            world: World::new(nodes, processes_per_node, workers, batch_size)
-                .map_err(from_streamer)?,
-            rank: Rank {
-                node,
-                local_process,
-                worker,
-            },
-            start,
-        };
+    #[pyo3(signature = (plan, raw=false))]
+    fn stream(&self, plan: &PyPlan, raw: bool) -> PyResult<NativeStream> {
         NativeStream::start(
             Arc::clone(&self.ds),
             Arc::clone(&self.decoder),
             Arc::clone(&self.batch_buffers),
             self.chunk_bytes,
-            plan,
+            plan.plan,
             raw,
         )
     }
@@ -435,5 +290,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDataset>()?;
     m.add_class::<NativeStream>()?;
     m.add_class::<NativePrefetch>()?;
+    m.add_class::<PyOrder>()?;
+    m.add_class::<PyWorld>()?;
+    m.add_class::<PyRank>()?;
+    m.add_class::<PyPlan>()?;
+    m.add_class::<PyState>()?;
     Ok(())
 }
