@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use crossbeam_channel::{bounded as sync_channel, Receiver, RecvTimeoutError};
@@ -201,8 +202,9 @@ impl NativeStream {
     }
 
     /// Takes up to `n` items, and past the first no more once they hold `max_bytes` of stored
-    /// bytes, waiting (GIL released, signals checked) until at least `wait_for` (at most `n`)
-    /// are there, the byte bound is reached, or the stream ends.
+    /// bytes, waiting ([`blocking::wait`]) until at least `wait_for` (at most `n`) are there,
+    /// the byte bound is reached, or the stream ends. What has arrived already is taken with
+    /// the GIL held.
     fn take(
         &self,
         py: Python<'_>,
@@ -210,57 +212,85 @@ impl NativeStream {
         wait_for: usize,
         max_bytes: usize,
     ) -> PyResult<Vec<Item>> {
-        let wait_for = wait_for.min(n);
-        let mut out = Vec::with_capacity(n.min(4096));
-        let mut bytes = 0usize;
-        loop {
-            {
-                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                while out.len() < n && (out.is_empty() || bytes < max_bytes) {
-                    match pending.pop_front() {
-                        Some(item) => {
-                            bytes += item.stored_bytes();
-                            out.push(item);
-                        }
-                        None => break,
-                    }
+        let want = Want {
+            n,
+            wait_for: wait_for.min(n),
+            max_bytes,
+        };
+        let mut taken = Taken {
+            items: Vec::with_capacity(n.min(4096)),
+            bytes: 0,
+        };
+        if !self.take_pending(&want, &mut taken) {
+            blocking::wait(py, |slice| self.receive(&want, &mut taken, slice))??;
+        }
+        Ok(taken.items)
+    }
+
+    /// Moves arrived items to `taken` as `want` allows; whether `taken` is enough.
+    fn take_pending(&self, want: &Want, taken: &mut Taken) -> bool {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        while taken.items.len() < want.n && (taken.items.is_empty() || taken.bytes < want.max_bytes)
+        {
+            match pending.pop_front() {
+                Some(item) => {
+                    taken.bytes += item.stored_bytes();
+                    taken.items.push(item);
                 }
+                None => break,
             }
-            if out.len() >= wait_for || (!out.is_empty() && bytes >= max_bytes) {
-                return Ok(out);
+        }
+        taken.items.len() >= want.wait_for
+            || (!taken.items.is_empty() && taken.bytes >= want.max_bytes)
+    }
+
+    /// One slice of [`NativeStream::take`]'s wait (GIL released): waits at most `slice` for
+    /// the reader thread's next chunk and takes from it. `None` while `taken` is not enough;
+    /// the lock on the channel is let go on return, before the signal handlers run (one may
+    /// close this stream).
+    fn receive(&self, want: &Want, taken: &mut Taken, slice: Duration) -> Option<PyResult<()>> {
+        let mut rx_guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(rx) = rx_guard.as_ref() else {
+            return Some(Ok(()));
+        };
+        // About to wait: the reader thread may leave its next large sample to this thread.
+        if rx.is_empty() {
+            self.wanted.store(true, Ordering::Release);
+        }
+        match rx.recv_timeout(slice) {
+            Ok(Ok(chunk)) => {
+                self.wanted.store(false, Ordering::Release);
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(chunk);
+                drop(rx_guard);
+                self.take_pending(want, taken).then_some(Ok(()))
             }
-            let mut rx_guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(rx) = rx_guard.as_ref() else {
-                return Ok(out);
-            };
-            // About to wait: the reader thread may leave its next large sample to this thread.
-            if rx.is_empty() {
-                self.wanted.store(true, Ordering::Release);
+            Ok(Err(e)) => {
+                *rx_guard = None;
+                Some(Err(e))
             }
-            // One slice of `blocking::wait` written out: the lock on `rx` must be let go before
-            // the signal handlers run (one may close this stream).
-            let got = py.detach(|| rx.recv_timeout(blocking::POLL));
-            match got {
-                Ok(Ok(chunk)) => {
-                    self.wanted.store(false, Ordering::Release);
-                    let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                    pending.extend(chunk);
-                }
-                Ok(Err(e)) => {
-                    *rx_guard = None;
-                    return Err(e);
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    drop(rx_guard);
-                    py.check_signals()?;
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    *rx_guard = None;
-                    return Ok(out);
-                }
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                *rx_guard = None;
+                Some(Ok(()))
             }
         }
     }
+}
+
+/// How much [`NativeStream::take`] takes: see there.
+struct Want {
+    n: usize,
+    wait_for: usize,
+    max_bytes: usize,
+}
+
+/// The items [`NativeStream::take`] has taken, and their stored bytes.
+struct Taken {
+    items: Vec<Item>,
+    bytes: usize,
 }
 
 #[pymethods]
