@@ -2,24 +2,57 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 use shardstream_sharding::mds::Encoding;
 use shardstream_sharding::value::DType;
 use shardstream_streamer::buffers::{BufferPool, PooledBuffer};
 use shardstream_streamer::RawSample;
 
 use crate::arena::{SlotBytes, SlotWriter};
+use crate::buffer::{Buffer, ColumnBuffer};
 
 /// One column of a batch, laid end to end.
 pub(super) struct Gathered {
     /// `(dtype, shape)` when every value is one fixed-size number or array.
-    pub(super) fixed: Option<(DType, Vec<u64>)>,
+    fixed: Option<(DType, Vec<u64>)>,
     /// Otherwise `count + 1` little-endian u64 offsets into `data`.
-    pub(super) offsets: Vec<u8>,
-    pub(super) data: GatheredBytes,
+    offsets: Vec<u8>,
+    data: GatheredBytes,
+}
+
+impl Gathered {
+    /// The column as `NativeStream.next_columns` hands it to Python: `(dtype, shape, buffer)`
+    /// for a fixed-size numeric column, `(None, offsets, buffer)` for any other.
+    pub(super) fn into_python(self, py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+        let data = match (self.data, self.fixed.is_some()) {
+            // Numeric columns are Python's to write (`ColumnBuffer`); variable ones are
+            // sliced into values and may lie in a worker's arena.
+            (GatheredBytes::Heap(b), true) => ColumnBuffer::new(b).into_pyobject(py)?.into_any(),
+            (GatheredBytes::Heap(b), false) => Buffer::new(Bytes::from_owner(b))
+                .into_pyobject(py)?
+                .into_any(),
+            (GatheredBytes::Slot(b), _) => Buffer::in_slot(b).into_pyobject(py)?.into_any(),
+        };
+        let value = match self.fixed {
+            Some((dtype, shape)) => (
+                Some(dtype.name()),
+                PyTuple::new(py, &shape)?.into_any(),
+                data,
+            )
+                .into_pyobject(py)?,
+            None => {
+                let offsets = Buffer::new(self.offsets.into()).into_pyobject(py)?;
+                (None::<&str>, offsets.into_any(), data).into_pyobject(py)?
+            }
+        };
+        Ok(value.into_any())
+    }
 }
 
 /// Where a gathered column's bytes lie.
-pub(super) enum GatheredBytes {
+enum GatheredBytes {
     /// Goes back to the dataset's batch pool when Python drops the column.
     Heap(PooledBuffer),
     /// A worker-arena slot, freed when its last holder (here or in the main process) drops it.

@@ -12,19 +12,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use crossbeam_channel::{bounded as sync_channel, Receiver, RecvTimeoutError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList};
 use shardstream_sharding::FormatError;
 use shardstream_streamer::buffers::BufferPool;
 use shardstream_streamer::{DeferredSample, RawSample, StreamItem, StreamPlan, StreamingDataset};
 
-use super::gather::{fixed_numeric, value_of, ColumnGather, Gathered, GatheredBytes};
+use super::gather::{fixed_numeric, value_of, ColumnGather, Gathered};
 use crate::arena;
 use crate::blocking;
-use crate::buffer::{Buffer, ColumnBuffer};
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
 
@@ -435,30 +433,7 @@ impl NativeStream {
             .collect();
         let out = PyDict::new(py);
         for (c, g) in gathered {
-            let data = match (g.data, g.fixed.is_some()) {
-                // Numeric columns are Python's to write (`ColumnBuffer`); variable ones are
-                // sliced into values and may lie in a worker's arena.
-                (GatheredBytes::Heap(b), true) => {
-                    ColumnBuffer::new(b).into_pyobject(py)?.into_any()
-                }
-                (GatheredBytes::Heap(b), false) => Buffer::new(Bytes::from_owner(b))
-                    .into_pyobject(py)?
-                    .into_any(),
-                (GatheredBytes::Slot(b), _) => Buffer::in_slot(b).into_pyobject(py)?.into_any(),
-            };
-            let value = match g.fixed {
-                Some((dtype, shape)) => (
-                    Some(dtype.name()),
-                    PyTuple::new(py, &shape)?.into_any(),
-                    data,
-                )
-                    .into_pyobject(py)?,
-                None => {
-                    let offsets = Buffer::new(g.offsets.into()).into_pyobject(py)?;
-                    (None::<&str>, offsets.into_any(), data).into_pyobject(py)?
-                }
-            };
-            out.set_item(&names[c], value)?;
+            out.set_item(&names[c], g.into_python(py)?)?;
         }
         Ok((count, out))
     }
