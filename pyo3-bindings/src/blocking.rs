@@ -1,9 +1,10 @@
 //! Blocking calls from Python: the one way this binding waits for Rust work.
 //!
 //! Every wait releases the GIL and wakes every [`POLL`] to run Python's signal handlers, so that
-//! Ctrl-C raises `KeyboardInterrupt` in a call blocked on storage. All of them go through
-//! [`wait_until`]:
-//! - [`wait`] and [`wait_until`]: anything that can wait a bounded time (a channel, a prefetch);
+//! Ctrl-C raises `KeyboardInterrupt` in a call blocked on storage. All of them run one loop
+//! (`released_wait`):
+//! - [`wait`] and [`wait_until`]: anything that can wait a bounded time (a stream's channel, a
+//!   prefetch);
 //! - [`run`]: a blocking Rust call on a helper thread, which finishes on its own after Ctrl-C;
 //! - [`block_on`]: a future on the process runtime, dropped on Ctrl-C (which aborts what it was
 //!   doing: a checkpoint file's multipart upload).
