@@ -9,10 +9,11 @@
 //! - [`CheckpointFiles`]: ranged, checked reads of a committed checkpoint, or of a plain DCP
 //!   directory written by torch's own `FileSystemWriter` (no manifest, so nothing to check).
 //!
-//! Every call that touches storage runs on a process-wide tokio runtime with the GIL released.
+//! Every call that touches storage runs on the process's tokio runtime ([`crate::runtime`]) with
+//! the GIL released ([`crate::blocking`]).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -29,7 +30,8 @@ use shardstream_checkpoint::{
     CheckpointRoot, CommitRequest, FileRecord, FileWriter, RankWriter, SaveAttempt, UploadConfig,
 };
 
-use crate::errors;
+use crate::runtime::runtime;
+use crate::{blocking, errors};
 
 /// Spans fetched at once by one `read_ranges` call (each is itself cut into parallel GETs).
 const SPAN_CONCURRENCY: usize = 4;
@@ -40,68 +42,15 @@ const PLAIN_CONCURRENCY: usize = 8;
 /// Largest span of touching items fetched as one range.
 const MAX_SPAN: u64 = 256 << 20;
 
-/// The tokio runtime of this process. A forked child (DataLoader workers) makes its own: the
-/// parent's worker threads do not exist in the child.
-fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
-    /// The runtime and the process id that made it.
-    type Owned = Option<(u32, Arc<tokio::runtime::Runtime>)>;
-    static RT: OnceLock<Mutex<Owned>> = OnceLock::new();
-    let cell = RT.get_or_init(|| Mutex::new(None));
-    let mut guard = cell
-        .lock()
-        .map_err(|_| errors::CheckpointError::new_err("checkpoint runtime lock poisoned"))?;
-    let pid = std::process::id();
-    if let Some((owner, rt)) = guard.as_ref() {
-        if *owner == pid {
-            return Ok(rt.clone());
-        }
-    }
-    if let Some((_, stale)) = guard.take() {
-        // Inherited across fork: its threads are gone, so dropping it could hang. Leak it.
-        std::mem::forget(stale);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("shardstream-ckpt")
-        .build()
-        .map_err(|e| errors::CheckpointError::new_err(format!("starting tokio runtime: {e}")))?;
-    let rt = Arc::new(rt);
-    *guard = Some((pid, rt.clone()));
-    Ok(rt)
-}
-
-/// How often a blocking call looks for Ctrl-C.
-const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Runs the future `make` returns on the runtime with the GIL released, and turns Ctrl-C into
-/// `KeyboardInterrupt`: every `SIGNAL_POLL` it takes the GIL briefly to run Python's signal
-/// handlers, and if one raises, the future is dropped (which aborts its multipart uploads) and
-/// the exception is returned. The future is made on the released side, so it need not be
-/// `Send`; what `make` captures must be.
+/// Runs the future `make` returns on the process runtime with the GIL released and maps its
+/// error (see [`blocking::block_on`]: Ctrl-C raises `KeyboardInterrupt` and drops the future,
+/// which aborts its multipart uploads).
 fn block_on<T, F>(py: Python<'_>, make: impl FnOnce() -> F + Send) -> PyResult<T>
 where
     T: Send,
     F: std::future::Future<Output = Result<T, CoreError>>,
 {
-    let rt = runtime()?;
-    py.detach(move || rt.block_on(async move { interruptible(make()).await }))
-}
-
-/// Awaits `fut` (on a runtime thread, GIL not held), looking for Ctrl-C every `SIGNAL_POLL`:
-/// if a Python signal handler raises, `fut` is dropped unfinished and the exception returned.
-async fn interruptible<T, F>(fut: F) -> PyResult<T>
-where
-    F: std::future::Future<Output = Result<T, CoreError>>,
-{
-    tokio::pin!(fut);
-    loop {
-        tokio::select! {
-            r = &mut fut => return r.map_err(to_py),
-            () = tokio::time::sleep(SIGNAL_POLL) => {
-                Python::attach(|py| py.check_signals())?;
-            }
-        }
-    }
+    blocking::block_on(py, make)?.map_err(to_py)
 }
 
 /// The one mapping from checkpoint errors to the Python exception tree.
@@ -420,18 +369,12 @@ impl RankFileWriter {
                 self.name
             )));
         }
-        let w = self.take()?;
-        let rt = runtime()?;
+        let mut w = self.take()?;
         let len = data.len_bytes() as u64;
-        let (w, data, res) = py.detach(move || {
-            let bytes = buffer_bytes(&data);
+        let bytes = buffer_bytes(&data);
+        let res = block_on(py, || async {
             let crc = crc32c(bytes);
-            let (w, res) = rt.block_on(async move {
-                let mut w = w;
-                let res = interruptible(w.write(bytes)).await;
-                (w, res.map(|()| crc))
-            });
-            (w, data, res)
+            w.write(bytes).await.map(|()| crc)
         });
         // Released with the GIL held (a `PyBuffer` would otherwise take it to drop).
         drop(data);

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod allocator;
 mod arena;
+mod blocking;
 mod buffer;
 mod checkpoint;
 mod dataset;

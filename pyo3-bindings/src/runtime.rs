@@ -1,6 +1,6 @@
-//! The process's tokio runtime for the binding's own I/O (the writer's uploads): the streamer's
-//! ([`shardstream_streamer::runtime`]), which its datasets use too, so that a process runs one
-//! runtime whatever it does. Made anew in a forked child (DataLoader workers).
+//! The process's tokio runtime for the binding's own I/O (the writer's uploads, every checkpoint
+//! call): the streamer's ([`shardstream_streamer::runtime`]), which its datasets use too, so that
+//! a process runs one runtime whatever it does. Made anew in a forked child (DataLoader workers).
 
 use std::sync::Arc;
 

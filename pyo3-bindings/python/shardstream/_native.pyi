@@ -37,26 +37,74 @@ def _attach_buffer(address: tuple[int, int, int, int, int, int, int]) -> Buffer:
 def release_read_buffers() -> None:
     """Frees the read buffers the process keeps for its next datasets (run before every fork)."""
 
-class NativeDataset:
+class Order:
+    """The settings that fix the order of every epoch of a run (checked when built)."""
+
     def __init__(
         self,
-        remote: str,
         *,
-        split: str | None = ...,
-        local: str | os.PathLike[str] | None = ...,
-        cache_root: str | os.PathLike[str] | None = ...,
-        run_id: str | None = ...,
-        node_rank: int | None = ...,
-        memory_limit: int | None = ...,
-        cache_limit: int | None = ...,
-        copy_local: bool = ...,
-        validate_hash: bool = ...,
-        allow_unsafe_types: bool = ...,
-        streams: Sequence[tuple[str, str | None, str, float]] | None = ...,
-        epoch_size: int | None = ...,
-        zero_copy: bool = ...,
-        sampling_method: str = ...,
+        seed: int,
+        shuffle: bool,
+        window: int,
+        lanes: int,
+        remainder: str,
+        ramp: bool = ...,
+        sample_ramp: bool = ...,
     ) -> None: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def remainder(self) -> str: ...
+    @property
+    def ramp(self) -> bool: ...
+    @property
+    def sample_ramp(self) -> bool: ...
+
+class World:
+    """Nodes, processes per node, DataLoader workers per process, and their batch size."""
+
+    def __init__(
+        self, *, nodes: int, processes_per_node: int, workers: int = ..., batch_size: int = ...
+    ) -> None: ...
+
+class Rank:
+    """One reader: DataLoader `worker` of process `local_process` on `node`."""
+
+    def __init__(self, *, node: int, local_process: int, worker: int = ...) -> None: ...
+
+class Plan:
+    """What one reader streams: `rank`'s part of `epoch`, from global position `start`."""
+
+    def __init__(
+        self, *, order: Order, epoch: int, world: World, rank: Rank, start: int = ...
+    ) -> None: ...
+
+class State:
+    """A run's position, checked against the dataset it was made or read for."""
+
+    @property
+    def order(self) -> Order: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def consumed(self) -> int: ...
+    @property
+    def epoch_len(self) -> int: ...
+    def to_json(self) -> str: ...
+
+class NativeDataset:
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        """Opens a dataset. `config` maps the settings to their values; a missing key takes its
+        default: `remote` (required), `split`, `local`, `cache_root`, `run_id`, `node_rank`,
+        `memory_limit`, `cache_limit`, `copy_local`, `validate_hash`, `allow_unsafe_types`,
+        `streams` (each `(remote, split, weight kind, weight value)`), `epoch_size`,
+        `zero_copy`, `sampling_method`."""
     @property
     def num_samples(self) -> int: ...
     @property
@@ -69,73 +117,12 @@ class NativeDataset:
     def stream_sizes(self) -> list[tuple[int, int]]: ...
     def stream_shards(self) -> list[int]: ...
     def get(self, index: int) -> dict[str, Any]: ...
-    def epoch_len(
-        self,
-        seed: int,
-        shuffle: bool,
-        window: int,
-        lanes: int,
-        remainder: str,
-        epoch: int,
-        ramp: bool = ...,
-        sample_ramp: bool = ...,
-    ) -> int: ...
-    def state_json(
-        self,
-        seed: int,
-        shuffle: bool,
-        window: int,
-        lanes: int,
-        remainder: str,
-        epoch: int,
-        consumed: int,
-        ramp: bool = ...,
-        sample_ramp: bool = ...,
-    ) -> str: ...
-    def parse_state(
-        self, text: str
-    ) -> tuple[int, bool, int, int, str, int, int, int, bool, bool]: ...
+    def epoch_len(self, order: Order, epoch: int) -> int: ...
+    def state(self, order: Order, epoch: int, consumed: int) -> State: ...
+    def parse_state(self, text: str) -> State: ...
     def metrics(self) -> dict[str, int | float]: ...
-    def stream(
-        self,
-        *,
-        seed: int,
-        shuffle: bool,
-        window: int,
-        lanes: int,
-        remainder: str,
-        epoch: int,
-        nodes: int,
-        processes_per_node: int,
-        workers: int,
-        batch_size: int,
-        node: int,
-        local_process: int,
-        worker: int,
-        start: int,
-        raw: bool = ...,
-        ramp: bool = ...,
-        sample_ramp: bool = ...,
-    ) -> NativeStream: ...
-
-    def prefetch(
-        self,
-        *,
-        seed: int,
-        shuffle: bool,
-        window: int,
-        lanes: int,
-        remainder: str,
-        epoch: int,
-        nodes: int,
-        processes_per_node: int,
-        node: int,
-        local_process: int,
-        start: int,
-        max_shards: int,
-        ramp: bool = ...,
-        sample_ramp: bool = ...,
-    ) -> NativePrefetch: ...
+    def stream(self, plan: Plan, raw: bool = ...) -> NativeStream: ...
+    def prefetch(self, plan: Plan, max_shards: int) -> NativePrefetch: ...
 
 class NativePrefetch:
     def cancel(self) -> None: ...

@@ -343,7 +343,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _native(self) -> _native.NativeDataset:
         if self._native_ds is None:
-            self._native_ds = _native.NativeDataset(**self._open_args)
+            self._native_ds = _native.NativeDataset(self._open_args)
         return self._native_ds
 
     def __getstate__(self) -> dict:
@@ -362,10 +362,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._stop_prefetch()
         p = self._placement()
         order = self._order(p, fix=False)  # lanes and window are fixed at the first iteration
-        self._prefetch = self._native().prefetch(
-            epoch=self._epoch, start=self._resume_start, max_shards=max(1, order["window"]),
-            **_process_of(p), **order,
-        )
+        plan = _plan(order, self._epoch, p, self._resume_start)
+        self._prefetch = self._native().prefetch(plan, max(1, order.window))
         self._prefetch_pid = os.getpid()
 
     def _stop_prefetch(self) -> None:
@@ -479,7 +477,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         p = placement()
         return p.replicated(self.replication) if self.replication else p
 
-    def _order(self, p: Placement, fix: bool = True) -> dict:
+    def _order(self, p: Placement, fix: bool = True) -> _native.Order:
         """The order's settings; with `fix`, lanes and window are kept for the rest of the run."""
         lanes = self._lanes
         if lanes is None:
@@ -496,7 +494,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
                 window = DEFAULT_WINDOW
         if fix:
             self._lanes, self._window = lanes, window
-        return dict(
+        return _native.Order(
             seed=self.shuffle_seed,
             shuffle=self.shuffle,
             window=window,
@@ -513,7 +511,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _process_len(self, p: Placement, epoch: int) -> int:
         """Samples process `p` yields in `epoch`."""
-        n = self._native().epoch_len(epoch=epoch, **self._order(p))
+        n = self._native().epoch_len(self._order(p), epoch)
         if self.remainder == "pad":
             return -(-n // p.processes)
         return n // p.processes
@@ -586,12 +584,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             consumed = int(num_samples)
         else:
             consumed = self._resume_start + int(num_samples)
-        text = self._native().state_json(epoch=self._epoch, consumed=consumed, **order)
-        state = json.loads(text)
+        state = json.loads(self._native().state(order, self._epoch, consumed).to_json())
         out = {
             "epoch": self._epoch,
             "sample_in_epoch": state["consumed"],
-            "num_canonical_nodes": order["lanes"],
+            "num_canonical_nodes": order.lanes,
             "shuffle_seed": self.shuffle_seed,
             "initial_physical_nodes": p.nodes,
             "shardstream": state,
@@ -605,17 +602,17 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         iteration starts at the first sample the saved job had not consumed."""
         self._lineages.append(EpochRecords())
         if "shardstream" in obj:
-            seed, shuffle, window, lanes, remainder, epoch, consumed, epoch_len, ramp, sample_ramp = (
-                self._native().parse_state(json.dumps(obj["shardstream"]))
-            )
-            self.shuffle_seed, self.shuffle = seed, shuffle
-            self._ramp, self._sample_ramp = ramp, sample_ramp
-            self._window, self._lanes, self.remainder = window, lanes, remainder
+            state = self._native().parse_state(json.dumps(obj["shardstream"]))
+            order = state.order
+            self.shuffle_seed, self.shuffle = order.seed, order.shuffle
+            self._ramp, self._sample_ramp = order.ramp, order.sample_ramp
+            self._window, self._lanes, self.remainder = order.window, order.lanes, order.remainder
+            epoch, consumed, epoch_len = state.epoch, state.consumed, state.epoch_len
         else:  # a Mosaic-style dict
             self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))
             self._lanes = int(obj.get("num_canonical_nodes") or self._lanes or 1)
             epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
-            epoch_len = self._native().epoch_len(epoch=epoch, **self._order(self._placement()))
+            epoch_len = self._native().epoch_len(self._order(self._placement()), epoch)
         self._worker_skip = 0
         worker = obj.get("worker")
         if worker is not None:
@@ -696,16 +693,9 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             step = p.processes * batch_size
             start += (p.worker + skip * p.workers) * step
             worker = 0
-        return self._native().stream(
-            epoch=self._epoch,
-            workers=p.workers,
-            batch_size=batch_size,
-            worker=worker,
-            start=start,
-            raw=raw,
-            **_process_of(p),
-            **self._order(p),
-        ), p
+        order = self._order(p)
+        plan = _plan(order, self._epoch, p, start, workers=p.workers, batch_size=batch_size, worker=worker)
+        return self._native().stream(plan, raw), p
 
     def _iteration_name(self) -> str:
         """What names the iteration starting now in every DataLoader worker of it (see
@@ -782,10 +772,8 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         if epoch != self._epoch:
             self._stop_prefetch()  # it was downloading an earlier epoch's shards
             self._start_epoch(epoch)
-        stream = self._native().stream(
-            epoch=self._epoch, workers=1, batch_size=batch_size, worker=0, start=self._resume_start,
-            raw=raw, **_process_of(p), **order,
-        )
+        plan = _plan(order, self._epoch, p, self._resume_start, batch_size=batch_size)
+        stream = self._native().stream(plan, raw)
         try:
             if raw:
                 count, batch = self._next_column_batch(stream, batch_size, columns, self.columns, False)
@@ -923,10 +911,16 @@ def _discard_lineages(lineages: list[EpochRecords]) -> None:
         records.discard()
 
 
-def _process_of(p: Placement) -> dict:
-    """The native calls' arguments that place this process in the world."""
-    return dict(nodes=p.nodes, processes_per_node=p.processes_per_node, node=p.node,
-                local_process=p.local_process)
+def _plan(
+    order: _native.Order, epoch: int, p: Placement, start: int, workers: int = 1, batch_size: int = 1,
+    worker: int = 0,
+) -> _native.Plan:
+    """What the native calls stream: `epoch` of `order` from global position `start`, read by
+    DataLoader `worker` of `workers` of process `p` (a prefetch uses the process only)."""
+    world = _native.World(nodes=p.nodes, processes_per_node=p.processes_per_node, workers=workers,
+                          batch_size=batch_size)
+    rank = _native.Rank(node=p.node, local_process=p.local_process, worker=worker)
+    return _native.Plan(order=order, epoch=epoch, world=world, rank=rank, start=start)
 
 
 def _worker_shm_enabled() -> bool:

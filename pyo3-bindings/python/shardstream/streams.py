@@ -97,7 +97,7 @@ class Stream:
         )
 
     def _native_spec(self) -> tuple[str, str | None, str, float]:
-        """`(dataset, split, weight kind, weight value)` as `NativeDataset(streams=...)` takes it."""
+        """`(dataset, split, weight kind, weight value)`: one entry of `NativeDataset`'s `streams` setting."""
         where = self.remote if self.remote is not None else self.local
         assert where is not None  # checked in __init__
         if self.proportion is not None:
