@@ -3,7 +3,8 @@
 A real Prometheus (Debian's package) scrapes it while a 2-rank torchrun job, each rank with
 DataLoader(num_workers=2), streams an epoch from the local S3 server; its HTTP API then says the
 node fetched exactly the dataset's shard bytes (each shard once per node), and the counter never
-went backwards although the DataLoader workers exited after the epoch."""
+went backwards although the DataLoader workers exited after the epoch; `ds.metrics(node=True)`
+in a rank says the same from Python."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ JOB = textwrap.dedent(
     from torch.utils.data import DataLoader
     import shardstream
 
-    remote, done = sys.argv[1], sys.argv[2]
+    remote, done, expected, seen = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     dist.init_process_group("gloo")
     ds = shardstream.StreamingDataset(remote=remote, shuffle=True, batch_size=8)
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
@@ -39,6 +40,13 @@ JOB = textwrap.dedent(
     # The epoch is over and the DataLoader workers have exited: stay up (so `run` keeps
     # serving) until the test has read what Prometheus scraped.
     dist.barrier()
+    if dist.get_rank() == 0:
+        # The node's sum from Python, as Prometheus sees it (published within a second).
+        deadline = time.monotonic() + 30
+        while ds.metrics(node=True)["fetch_bytes"] != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with open(seen, "w") as f:
+            f.write(str(ds.metrics(node=True)["fetch_bytes"]))
     while not os.path.exists(done):
         time.sleep(0.2)
     """
@@ -123,7 +131,7 @@ def test_prometheus_sees_the_node_sum_of_every_rank_and_worker(tmp_path, moto, p
     job = subprocess.Popen(
         [str(shardstream_bin), "run", "--run-id", "metrics", "--cache-root",
          str(tmp_path / "cache"), "--", torchrun, "--standalone", "--nproc-per-node=2",
-         str(script), remote, str(done)],
+         str(script), remote, str(done), str(shard_bytes), str(tmp_path / "seen")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -154,3 +162,4 @@ def test_prometheus_sees_the_node_sum_of_every_rank_and_worker(tmp_path, moto, p
             job.kill()
             out, _ = job.communicate()
     assert job.returncode == 0, out
+    assert int((tmp_path / "seen").read_text()) == shard_bytes

@@ -468,9 +468,13 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         """This node's cache folder for the dataset."""
         return str(self._native().cache_dir)
 
-    def metrics(self) -> dict:
-        """This process's engine counters (fetched bytes, cache hits, memory in use, ...)."""
-        return self._native().metrics()
+    def metrics(self, node: bool = False) -> dict:
+        """This process's engine counters (fetched bytes, cache hits, memory in use, ...). With
+        `node=True`, the sum over every process of the node that streams into the same cache
+        folder (each rank, each DataLoader worker, a mount), exited ones included, as
+        `shardstream run` serves it to Prometheus; published by each process once a second and
+        when its stream ends."""
+        return self._native().metrics(node)
 
     def _placement(self) -> Placement:
         """This process's placement; with `replication`, its replication group's."""

@@ -26,7 +26,7 @@ use pyo3::types::PyDict;
 use shardstream_sharding::mds::Encoding;
 use shardstream_streamer::buffers::BufferPool;
 use shardstream_streamer::order::{EpochOrder, OrderConfig, Rank, StreamState, World};
-use shardstream_streamer::{StreamPlan, StreamingDataset};
+use shardstream_streamer::{settings, MemoryPlan, StreamPlan, StreamingDataset};
 
 use crate::blocking;
 use crate::decode::{Decoder, ParsedSample};
@@ -37,14 +37,6 @@ use order::{PyOrder, PyPlan, PyRank, PyWorld};
 use prefetch::NativePrefetch;
 use state::PyState;
 use stream::{parse_raw, NativeStream};
-
-/// Most bytes the reader thread gathers before handing a chunk over.
-const MAX_CHUNK_BYTES: u64 = 4 << 20;
-/// Share of `memory_limit` kept for the samples this binding holds between the streamer and
-/// Python (chunks in the channel, the one being filled, the one being handed out) and for the
-/// column buffers of dropped `iter_batches` batches it keeps for reuse: 1/4. The
-/// streamer's own budget gets the rest, so that the two together stay within the limit.
-const BINDING_SHARE: u64 = 4;
 
 /// An opened dataset (native half of `shardstream.StreamingDataset`).
 #[pyclass(module = "shardstream._native", frozen)]
@@ -62,18 +54,23 @@ impl NativeDataset {
     #[new]
     /// Opens the dataset `config` describes (see [`OpenConfig`]).
     fn new(py: Python<'_>, config: OpenConfig) -> PyResult<Self> {
-        let limit = config
-            .memory_limit
-            .unwrap_or(shardstream_streamer::dataset::DEFAULT_MEMORY_LIMIT);
-        let binding_bytes = limit / BINDING_SHARE;
-        // Half the share for the (at most 4) chunks in flight, half for the batch pool below.
-        let chunk_bytes = (binding_bytes / 8).clamp(1, MAX_CHUNK_BYTES) as usize;
+        // The binding keeps a share of the limit for the samples it holds between the engine
+        // and Python (the memory plan: chunks in flight, kept batch buffers); the engine plans
+        // the rest. `memory_limit=None` reads SHARDSTREAM_MEMORY_LIMIT like the engine does.
+        let limit = settings::byte_size(
+            config.memory_limit,
+            settings::MEMORY_LIMIT_ENV,
+            &|name: &str| std::env::var(name).ok(),
+        )
+        .map_err(open_error)?;
+        let plan = MemoryPlan::with_binding(limit);
+        let chunk_bytes = usize::try_from(plan.binding_chunk).unwrap_or(usize::MAX);
         let zero_copy = config.zero_copy;
         let Opening {
             config,
             streams,
             epoch_size,
-        } = config.into_opening(Some(limit - binding_bytes))?;
+        } = config.into_opening(Some(plan.engine))?;
         let ds = blocking::run(py, move || match streams {
             Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
             None => StreamingDataset::open(config),
@@ -87,9 +84,8 @@ impl NativeDataset {
         }
         let decoder = Arc::new(Decoder::new(py, names, encodings, zero_copy));
         // Python holds the previous batch while the next one is gathered, so one kept buffer
-        // per column is what a steady loop reuses; the other half of the binding's share
-        // bounds them.
-        let pool_bytes = (binding_bytes / 2) as usize;
+        // per column is what a steady loop reuses; the plan's batch pool bounds them.
+        let pool_bytes = usize::try_from(plan.batch_pool).unwrap_or(usize::MAX);
         Ok(NativeDataset {
             ds: Arc::new(ds),
             chunk_bytes,
@@ -208,8 +204,19 @@ impl NativeDataset {
     }
 
     /// This process's counters (bytes fetched, cache hits, memory in use, ...).
-    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.ds.metrics();
+    #[pyo3(signature = (node=false))]
+    fn metrics<'py>(&self, py: Python<'py>, node: bool) -> PyResult<Bound<'py, PyDict>> {
+        let m = if node {
+            // The node's sum: every process that published into this dataset's node folder
+            // (ranks, DataLoader workers, mounts), exited ones included.
+            let dir = self.ds.cache_dir().to_path_buf();
+            blocking::run(py, move || {
+                shardstream_streamer::dataset::node_metrics(&dir)
+            })?
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?
+        } else {
+            self.ds.metrics()
+        };
         let d = PyDict::new(py);
         d.set_item("fetch_bytes", m.fetch_bytes)?;
         d.set_item("fetch_requests", m.fetch_requests)?;
