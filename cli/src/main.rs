@@ -38,8 +38,14 @@ struct Cli {
 /// Flags every subcommand takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Global {
-    /// Log line format on stderr.
-    #[arg(long, value_enum, default_value = "text", global = true)]
+    /// Log line format on stderr (SHARDSTREAM_LOG_FORMAT sets it in a pod).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        global = true,
+        env = "SHARDSTREAM_LOG_FORMAT"
+    )]
     log_format: logging::LogFormat,
     /// More logs (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

@@ -185,6 +185,13 @@ fn json_commands_fail_with_one_json_object_on_stderr() {
         "{v}"
     );
     assert_eq!(v["exit_code"], 78);
+
+    // The pod's ConfigMap sets the log format through SHARDSTREAM_LOG_FORMAT: the same.
+    let mut cmd = shardstream(&["run", "--cache-root", &s(dir.path()), "--", "true"]);
+    cmd.env("SHARDSTREAM_LOG_FORMAT", "json");
+    let (code, _, stderr) = output(cmd);
+    assert_eq!(code, 78, "{stderr}");
+    assert_eq!(json_error(&stderr)["exit_code"], 78);
 }
 
 #[test]
@@ -203,6 +210,8 @@ fn a_refused_setting_is_a_configuration_error() {
     let (code, _, stderr) = output(shardstream(&[
         "stream",
         &s(&ds),
+        "--cache-root",
+        &s(&dir.path().join("cache")),
         "--num-workers",
         "99999999999",
     ]));
