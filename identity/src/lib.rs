@@ -21,14 +21,15 @@
 
 pub mod error;
 pub mod folder;
+pub mod hash;
 pub mod locate;
 pub mod resolve;
 
 pub use error::{IdentityError, Result};
 pub use folder::{prepare_node_folder, FolderError};
+pub use hash::{stable_hash, stable_hash_from, STABLE_HASH_START};
 pub use locate::{
-    cache_root, default_cache_root, locate, locate_resolved, node_dir, stable_hash,
-    stable_hash_from, CacheOverrides, STABLE_HASH_START,
+    cache_root, default_cache_root, locate, locate_resolved, node_dir, CacheOverrides,
 };
 pub use resolve::{
     derived_run_id, multi_node_flag, os_env, resolve, resolve_for_command, resolve_node_rank_with,

@@ -9,7 +9,13 @@ use signal_hook::iterator::{Handle, Signals};
 use tracing::{debug, warn};
 
 use crate::error::{LauncherError, Result};
-use crate::supervise::Event;
+
+/// What the supervisor waits on: a signal to forward, or the child's exit.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Signal(ForwardSignal),
+    Exited(std::io::Result<std::process::ExitStatus>),
+}
 
 /// A signal forwarded to the command's process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -28,19 +28,12 @@ use tracing::{info, warn};
 
 use crate::error::{LauncherError, Result};
 use crate::hooks::{run_hooks, HookReport, ShutdownHook};
-use crate::signals::{EarlySignals, ForwardSignal, OsSignals, Signaller};
+use crate::signals::{EarlySignals, Event, ForwardSignal, OsSignals, Signaller};
 use shardstream_identity::Resolved;
 
 /// The default grace period between a forwarded `SIGTERM` and `SIGKILL`: leaves 10 s of
 /// Kubernetes' default 30 s for the hooks.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(20);
-
-/// What the supervisor waits on.
-#[derive(Debug)]
-pub(crate) enum Event {
-    Signal(ForwardSignal),
-    Exited(std::io::Result<ExitStatus>),
-}
 
 /// How the command ended.
 #[derive(Debug)]

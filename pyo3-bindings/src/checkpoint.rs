@@ -4,8 +4,8 @@
 //! - [`CheckpointStore`]: one checkpoint root (`begin_save`, `rank_writer`, `commit`, `open`,
 //!   `latest`, `list`, `verify`);
 //! - [`RankFileWriter`]: one data file of one rank, streamed into the checkpoint crate's
-//!   bounded, parallel, checksumming uploader (torch.save's output is read from its own
-//!   buffer and copied once, into the part buffer, with the GIL released);
+//!   bounded, parallel, checksumming uploader (torch.save's output is copied out of its
+//!   buffer with the GIL held, then into the part buffer with the GIL released);
 //! - [`CheckpointFiles`]: ranged, checked reads of a committed checkpoint, or of a plain DCP
 //!   directory written by torch's own `FileSystemWriter` (no manifest, so nothing to check).
 //!
@@ -320,19 +320,6 @@ pub struct RankFileWriter {
     item_crc: Mutex<u32>,
 }
 
-/// The bytes of a contiguous Python buffer, readable without the GIL while `buf` lives.
-#[allow(unsafe_code)]
-fn buffer_bytes(buf: &PyBuffer<u8>) -> &[u8] {
-    if buf.len_bytes() == 0 {
-        return &[];
-    }
-    // SAFETY: `buf` holds a buffer export of its object, which keeps the memory valid and in
-    // place until the `PyBuffer` is dropped, and the slice borrows `buf`; the caller checked
-    // that it is C-contiguous, so the `len_bytes()` bytes from `buf_ptr()` are all of it. The
-    // exporter here is torch.save's output or a bytes object, neither written during the call.
-    unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) }
-}
-
 impl RankFileWriter {
     fn take(&self) -> PyResult<FileWriter> {
         self.inner
@@ -359,9 +346,12 @@ impl RankFileWriter {
 #[pymethods]
 impl RankFileWriter {
     /// Appends `data` (any contiguous buffer: bytes, a memoryview of torch.save's output) and
-    /// returns its CRC32C. The bytes are copied once, into the part buffer, with the GIL
-    /// released. Blocks only while the upload's memory budget is full; Ctrl-C while it blocks
-    /// raises `KeyboardInterrupt` and aborts the file's multipart upload.
+    /// returns its CRC32C. The bytes are copied out of the Python buffer with the GIL held
+    /// (at most 16 MiB at a time from `torch.save`), and uploaded with it released: the
+    /// buffer's owner (a tensor another thread trains on) may change it as soon as Python
+    /// runs again, so no reference to its memory outlives the GIL. Blocks only while the
+    /// upload's memory budget is full; Ctrl-C while it blocks raises `KeyboardInterrupt` and
+    /// aborts the file's multipart upload.
     fn write(&self, py: Python<'_>, data: PyBuffer<u8>) -> PyResult<u32> {
         if !data.is_c_contiguous() {
             return Err(PyValueError::new_err(format!(
@@ -369,15 +359,19 @@ impl RankFileWriter {
                 self.name
             )));
         }
-        let mut w = self.take()?;
         let len = data.len_bytes() as u64;
-        let bytes = buffer_bytes(&data);
+        // A copy made while no Python thread can write the buffer (issue 40, row 14: a slice of
+        // it read with the GIL released raced with a thread mutating it, and the CRC recorded
+        // could disagree with the bytes uploaded).
+        let owned = data.to_vec(py)?;
+        // Released with the GIL held (a `PyBuffer` would otherwise take it to drop).
+        drop(data);
+        let mut w = self.take()?;
+        let bytes = owned.as_slice();
         let res = block_on(py, || async {
             let crc = crc32c(bytes);
             w.write(bytes).await.map(|()| crc)
         });
-        // Released with the GIL held (a `PyBuffer` would otherwise take it to drop).
-        drop(data);
         match res {
             Ok(crc) => {
                 self.put_back(w)?;

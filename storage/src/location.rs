@@ -4,7 +4,6 @@
 //! by [`crate::key::components`] so that nothing read from a file can address an object
 //! outside the location.
 
-use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -204,21 +203,6 @@ impl Location {
             Err(StorageError::NotFound { .. }) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-
-    /// Bytes `range` of `rel`, fetched as parallel chunks when larger than one chunk.
-    pub async fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
-        if range.start > range.end {
-            return Err(StorageError::InvalidUrl {
-                url: self.url_of(rel),
-                reason: format!("invalid byte range {}..{}", range.start, range.end),
-            });
-        }
-        if range.is_empty() {
-            return Ok(Bytes::new());
-        }
-        let path = self.path(rel)?;
-        crate::transfer::get::ranges_to_bytes(self, rel, &path, range).await
     }
 
     /// Objects below `prefix` (relative; `""` for the whole location), recursively, sorted.

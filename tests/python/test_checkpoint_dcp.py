@@ -408,3 +408,74 @@ def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch, ctrl_
         assert [c["id"] for c in list_checkpoints(root)] == ["step_1"]
     finally:
         server.stop()
+
+
+def test_a_buffer_mutated_while_it_uploads_is_saved_consistently(tmp_path, monkeypatch):
+    """Issue 40, row 14: `RankFileWriter.write` read the caller's buffer with the GIL released,
+    while another thread may write it (a training step on the tensor being saved): the CRC it
+    recorded and the bytes it uploaded could disagree, and the checkpoint failed its checks on
+    load. The writer now copies the buffer while no Python thread can change it, so what it
+    checksums is what it uploads: the save loads and verifies, whatever the other thread did."""
+    import threading
+
+    import shardstream.checkpoint as ckpt
+
+    real_store = ckpt._store
+    stop = threading.Event()
+
+    class MutatedWhileWritten:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def write(self, data):
+            buf = bytearray(data)
+            view = memoryview(buf)
+
+            def scribble():
+                i = 0
+                while not stop.is_set():
+                    buf[i % len(buf)] ^= 0xFF
+                    i += 4099
+
+            mutator = threading.Thread(target=scribble)
+            mutator.start()
+            try:
+                return self.f.write(view)
+            finally:
+                stop.set()
+                mutator.join()
+                stop.clear()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    class RankWriter:
+        def __init__(self, writer) -> None:
+            self.writer = writer
+
+        def create(self, *args, **kwargs):
+            return MutatedWhileWritten(self.writer.create(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.writer, name)
+
+    class Store:
+        def __init__(self, store) -> None:
+            self.store = store
+
+        def rank_writer(self, *args, **kwargs):
+            return RankWriter(self.store.rank_writer(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    monkeypatch.setattr(ckpt, "_store", lambda r: Store(real_store(r)))
+    root = tmp_path / "ckpts"
+    state = {"w": torch.randn(4 << 20), "b": torch.randn(1 << 20)}
+    dcp.save(state, storage_writer=StorageWriter(f"{root}/step_1"), no_dist=True)
+    monkeypatch.setattr(ckpt, "_store", real_store)
+    report = verify(f"{root}/step_1")
+    assert report["failures"] == [], report
+    loaded = {"w": torch.empty(4 << 20), "b": torch.empty(1 << 20)}
+    dcp.load(loaded, storage_reader=StorageReader(f"{root}/step_1"), no_dist=True)
+    assert loaded["w"].shape == state["w"].shape

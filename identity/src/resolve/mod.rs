@@ -30,9 +30,9 @@ pub const RUN_ID_ENV: &str = "SHARDSTREAM_RUN_ID";
 /// The node rank set explicitly (and exported by `shardstream run`).
 pub const NODE_RANK_ENV: &str = "SHARDSTREAM_NODE_RANK";
 /// The node's cache folder, exported by `shardstream run` and set by a pod whose volume is
-/// keyed with `subPathExpr` (see [`crate::locate`]).
+/// keyed with `subPathExpr` (see `shardstream_identity::locate`).
 pub const CACHE_DIR_ENV: &str = "SHARDSTREAM_CACHE_DIR";
-/// The cache root (see [`crate::locate`]).
+/// The cache root (see `shardstream_identity::locate`).
 pub const CACHE_ROOT_ENV: &str = "SHARDSTREAM_CACHE_ROOT";
 
 /// Where the run id may come from, in order. After `SHARDSTREAM_RUN_ID`, the owner-name
@@ -124,10 +124,10 @@ pub fn derived_run_id(key: &str, env: &impl Fn(&str) -> Option<String>) -> Strin
         .or_else(|| env("LOGNAME"))
         .filter(|u| !u.is_empty())
         .unwrap_or_default();
-    let h = crate::locate::stable_hash_from(crate::locate::stable_hash(key.as_bytes()), b"\n");
+    let h = crate::hash::stable_hash_from(crate::hash::stable_hash(key.as_bytes()), b"\n");
     format!(
         "auto-{:016x}",
-        crate::locate::stable_hash_from(h, user.as_bytes())
+        crate::hash::stable_hash_from(h, user.as_bytes())
     )
 }
 

@@ -191,6 +191,21 @@ async fn collect(
 }
 
 impl Location {
+    /// Bytes `range` of `rel`, fetched as parallel chunks when larger than one chunk.
+    pub async fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
+        if range.start > range.end {
+            return Err(StorageError::InvalidUrl {
+                url: self.url_of(rel),
+                reason: format!("invalid byte range {}..{}", range.start, range.end),
+            });
+        }
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let path = self.path(rel)?;
+        ranges_to_bytes(self, rel, &path, range).await
+    }
+
     /// The whole object `rel`, as parallel ranged GETs of the location's chunk size.
     pub async fn get(&self, rel: &str) -> Result<Bytes> {
         let opts = self.options();

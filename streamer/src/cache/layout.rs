@@ -160,8 +160,12 @@ impl Layout {
     /// Creates the folder tree and marker files if missing, and refuses a folder that holds
     /// another layout. Safe to race: every step is idempotent or an atomic rename.
     pub(crate) fn create(&self) -> Result<()> {
+        fs::create_dir_all(&self.root).map_err(io_err("create directory", &self.root))?;
+        // The marker before anything else: a process that finds the folder while another is
+        // still making it sees it empty or marked, never holding unmarked files
+        // (`shardstream_identity::prepare_node_folder` refuses to adopt those).
+        self.write_marker()?;
         for dir in [
-            self.root.clone(),
             self.data_dir(),
             self.tmp_dir(),
             self.entries_dir(),
@@ -170,6 +174,15 @@ impl Layout {
         ] {
             fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         }
+        let tag = self.root.join("CACHEDIR.TAG");
+        if !tag.exists() {
+            write_new_atomically(&tag, CACHEDIR_TAG.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Writes the layout marker if missing; refuses a folder marked with another layout.
+    fn write_marker(&self) -> Result<()> {
         let marker = self.root.join(MARKER);
         let want = marker_text();
         match fs::read_to_string(&marker) {
@@ -184,10 +197,6 @@ impl Layout {
                 write_new_atomically(&marker, want.as_bytes())?;
             }
             Err(e) => return Err(io_err("read", &marker)(e)),
-        }
-        let tag = self.root.join("CACHEDIR.TAG");
-        if !tag.exists() {
-            write_new_atomically(&tag, CACHEDIR_TAG.as_bytes())?;
         }
         Ok(())
     }
