@@ -14,6 +14,7 @@ mod checkpoint;
 mod dataset;
 mod decode;
 mod errors;
+mod logging;
 mod runtime;
 mod writer;
 
@@ -21,6 +22,8 @@ mod writer;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    logging::install(m.py())?;
+    m.add_function(wrap_pyfunction!(logging::refresh_logging, m)?)?;
     errors::register(m)?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<buffer::ColumnBuffer>()?;

@@ -10,6 +10,7 @@ from shardstream._native import (  # noqa: F401
     ShardstreamError,
     StorageError,
     __version__,
+    refresh_logging,
 )
 from shardstream.dataset import ColumnBatch, ColumnBatches, StreamingDataset, VarColumn, open  # noqa: F401
 from shardstream.streams import Stream  # noqa: F401
@@ -36,6 +37,7 @@ __all__ = [
     "StreamingDataset",
     "VarColumn",
     "open",
+    "refresh_logging",
     "__version__",
 ]
 

@@ -48,8 +48,8 @@ use tracing::warn;
 
 use super::budget::Budget;
 use super::growing::Publisher;
+use super::inner::Inner;
 use super::metrics::Metrics;
-use super::Inner;
 use crate::error::{Result, StreamerError};
 
 /// Largest part of a shard one GET asks for: shards up to this size come in one request.

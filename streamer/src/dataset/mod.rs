@@ -25,16 +25,19 @@
 //! works in the children (see `engine`). `docs/streaming.md` describes the engine and its knobs.
 
 mod budget;
+mod config;
 mod decode;
 mod engine;
 mod fetch;
 mod growing;
+mod index;
+mod inner;
 mod metrics;
 mod prefetch;
+mod proc;
 mod shard;
 mod stream;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,180 +47,33 @@ use shardstream_identity::{
     cache_root, derived_run_id, locate, os_env, stable_hash, stable_hash_from, CacheOverrides,
     Overrides, STABLE_HASH_START,
 };
-use shardstream_sharding::hashing::HashAlgorithm;
-use shardstream_sharding::mds::{Columns, FileInfo, Index};
-use shardstream_storage::{Env, Location, StorageError, StorageOptions};
-use tracing::{debug, info, warn};
+use shardstream_storage::Location;
+use tracing::{debug, info};
 
-use crate::cache::{
-    read_index_copy, remove_index_copy, save_index_copy, CacheConfig, ExpectedHash, LocalSources,
-    VerifyMode,
-};
+use crate::cache::{CacheConfig, LocalSources, VerifyMode};
 use crate::error::{Result, StreamerError};
-use crate::order::{DatasetShape, Sampling, StreamShape, Weight};
+use crate::order::{DatasetShape, StreamShape, Weight};
 
-pub(crate) use engine::hold_proc_slots;
 pub use fetch::{PART_BYTES, WRITE_BYTES};
 pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
 pub use prefetch::{Prefetch, PrefetchReport};
+pub(crate) use proc::hold_proc_slots;
 pub use shard::{RawSample, ShardHandle};
 pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedSample};
 
-use engine::{ProcSlot, ShardSource};
+use config::open_url;
+pub use config::StreamingConfig;
+use index::IndexCopy;
+pub use index::StreamSpec;
+use index::{load_index, Loaded};
+pub(crate) use inner::Inner;
 use metrics::{Metrics, Publisher};
+use proc::ProcSlot;
 
 use crate::memory::MemoryPlan;
 pub use crate::memory::{DEFAULT_MEMORY_LIMIT, MAX_CHUNK_BYTES, RUN_BYTES};
 use crate::settings;
 pub use crate::settings::{DEFAULT_RETRY_WINDOW, RETRY_WINDOW_ENV};
-
-/// How to open a dataset. Field names follow mosaicml-streaming's `StreamingDataset`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StreamingConfig {
-    /// Dataset root: a local path, `file://`, `s3://`, `gs://` or `az://` URL holding an MDS
-    /// `index.json`.
-    pub remote: String,
-    /// Subfolder of `remote` (Mosaic's `split`).
-    pub split: Option<String>,
-    /// Explicit cache folder (Mosaic's `local`). Else `<cache_root>/<run_id>/<node_rank>/` when a
-    /// root is given, else `SHARDSTREAM_CACHE_DIR` as is (the folder `shardstream run` or the pod's
-    /// volume keyed), else `<SHARDSTREAM_CACHE_ROOT or the default root>/<run_id>/<node_rank>/`.
-    pub local: Option<PathBuf>,
-    /// Cache root; see `local` (default root: `$XDG_CACHE_HOME/shardstream`,
-    /// `$HOME/.cache/shardstream`, else `/tmp/shardstream-cache`).
-    pub cache_root: Option<PathBuf>,
-    /// Run id; else resolved as DESIGN §4 says (`SHARDSTREAM_RUN_ID`, job names,
-    /// `TORCHELASTIC_RUN_ID`), else an error.
-    pub run_id: Option<String>,
-    /// Node rank; else resolved from the environment.
-    pub node_rank: Option<u64>,
-    /// Bytes of RAM for everything in flight and buffered; else `SHARDSTREAM_MEMORY_LIMIT`, else
-    /// [`DEFAULT_MEMORY_LIMIT`].
-    pub memory_limit: Option<u64>,
-    /// Bytes of disk for the node's cache; else `SHARDSTREAM_CACHE_LIMIT`, else the shards the
-    /// folder holds plus 80 % of its file system's free space at open
-    /// ([`crate::cache::default_limit`]): always a real limit.
-    pub cache_limit: Option<u64>,
-    /// Copy `file://` and plain-path sources into the cache instead of reading them in place.
-    pub copy_local: bool,
-    /// Check the hashes the index records when a shard is fetched (and on reuse after a
-    /// restart); sizes are always checked.
-    pub validate_hash: bool,
-    /// Allow `pkl` columns.
-    pub allow_unsafe_types: bool,
-    /// Which samples a stream whose epoch share is not a whole number of passes keeps: a fresh
-    /// subset each epoch (Mosaic's default `sampling_method="balanced"`) or the same one.
-    pub sampling: Sampling,
-}
-
-impl StreamingConfig {
-    /// How long transient storage failures (5xx, `SlowDown`, timeouts, a server that is down)
-    /// of one shard are retried, counted from the first failed request since the last one that
-    /// succeeded, before the fetch fails: `SHARDSTREAM_RETRY_WINDOW` (seconds), else
-    /// [`DEFAULT_RETRY_WINDOW`] (120 s). It bounds all retry levels together: the storage
-    /// client's own retries inside one request are clamped to it, and the streamer's retries
-    /// of a range or a shard count against the same window, so an outage ends in an error
-    /// after about one window. [`StreamingDataset::set_retry_window`] overrides it.
-    pub fn retry_window(&self) -> Duration {
-        crate::settings::retry_window(&os_env)
-    }
-}
-
-/// Shared state of a dataset (behind the `Arc` every stream and task holds).
-#[derive(Debug)]
-pub(crate) struct Inner {
-    /// One per stream (a single dataset has one).
-    pub locations: Vec<Location>,
-    /// How to open each stream's location again in a new process: `(url, split)` when the
-    /// dataset was opened by URL, `None` when the caller gave the location.
-    pub reopen: Vec<Option<(String, Option<String>)>>,
-    pub index_json: Vec<u8>,
-    pub columns: Vec<(String, String)>,
-    pub shape: DatasetShape,
-    pub shards: Vec<ShardSource>,
-    pub cache_dir: PathBuf,
-    pub cache_config: CacheConfig,
-    /// How `memory_limit` is divided; each process that streams holds at most `memory.engine`
-    /// (the budget that enforces it is per process, [`engine::ProcState::budget`]).
-    pub memory: MemoryPlan,
-    pub metrics: Metrics,
-    /// Publishes this process's counters into the node folder for the node's sum.
-    pub publisher: Publisher,
-    pub proc: ProcSlot,
-    pub max_shard_bytes: u64,
-    /// The retry window in milliseconds (see [`StreamingConfig::retry_window`]).
-    pub retry_window_ms: AtomicU64,
-    /// Local files read in place whose hash this process has checked.
-    pub verified_local: Mutex<HashSet<PathBuf>>,
-    /// Read buffers the consumer has let go of, for the next reads of any stream of this
-    /// dataset (kept across epochs; see `crate::buffers`).
-    pub read_buffers: Arc<crate::buffers::BufferPool>,
-    /// Remote indexes read from the store at open, to be copied into the cache folder by the
-    /// first engine started (see `Inner::save_index_copies`).
-    pub index_copies: Mutex<Vec<IndexCopy>>,
-    /// Shards [`StreamingDataset::sample`] opened, kept open for its next calls.
-    pub recent: Mutex<RecentShards>,
-}
-
-/// Shard handles kept for random access, and the process that opened them.
-#[derive(Debug, Default)]
-pub(crate) struct RecentShards {
-    pid: u32,
-    handles: Vec<ShardHandle>,
-}
-
-impl RecentShards {
-    /// This process's handles. A forked child's copy of its parent's is forgotten, not dropped
-    /// or used: a handle of a shard the parent was downloading would wait for a download that
-    /// does not go on in the child.
-    fn of_this_process(&mut self) -> &mut Vec<ShardHandle> {
-        let pid = std::process::id();
-        if self.pid != pid {
-            std::mem::forget(std::mem::take(&mut self.handles));
-            self.pid = pid;
-        }
-        &mut self.handles
-    }
-}
-
-/// Most shards [`StreamingDataset::sample`] keeps open (and pinned) between calls.
-const RECENT_SHARDS: usize = 64;
-/// Most bytes of offset tables (4 per sample) the kept shards may hold: a 64 MB shard of 100 B
-/// samples has 2.5 MB of them.
-const RECENT_OFFSET_BYTES: u64 = 16 << 20;
-
-/// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
-#[derive(Debug)]
-pub(crate) struct IndexCopy {
-    dir: PathBuf,
-    url: String,
-    json: Vec<u8>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last counters of this handle in this process (a forked child's copy publishes
-        // nothing: its publisher belongs to its parent until the child starts its own).
-        self.publisher.publish(|| self.snapshot());
-    }
-}
-
-impl Inner {
-    /// Saves the copies of the indexes this dataset read from the store, once, in the
-    /// background of this process's engine `state` (a stream's end waits for it, so a process
-    /// that streams an epoch and exits leaves the copy behind): `open` starts no thread (a dataset opened before `fork` must
-    /// survive it), and the fsync of a copy should not delay a cold dataset's first sample.
-    fn save_index_copies(&self, state: &engine::ProcState) {
-        let pending = match self.index_copies.lock() {
-            Ok(mut pending) if !pending.is_empty() => std::mem::take(&mut *pending),
-            _ => return,
-        };
-        state.spawn_settled(crate::runtime::blocking(move || {
-            pending.iter().for_each(keep_index_copy);
-            Ok(())
-        }));
-    }
-}
 
 /// A dataset opened for streaming. `Send + Sync`; share it with `Arc`.
 #[derive(Debug, Clone)]
@@ -576,7 +432,7 @@ impl StreamingDataset {
         Ok(self.proc()?.cache.usage()?)
     }
 
-    fn proc(&self) -> Result<Arc<engine::ProcState>> {
+    fn proc(&self) -> Result<Arc<proc::ProcState>> {
         let inner = &self.inner;
         let engine =
             inner
@@ -592,126 +448,6 @@ impl StreamingDataset {
     }
 }
 
-impl Inner {
-    /// The kept handle of `shard`, if any. `try_lock`: a list locked at a fork stays locked in
-    /// the child, which then opens shards afresh.
-    fn recent_shard(&self, shard: usize) -> Option<ShardHandle> {
-        let mut recent = self.recent.try_lock().ok()?;
-        recent
-            .of_this_process()
-            .iter()
-            .find(|h| h.shard() == shard)
-            .cloned()
-    }
-
-    /// Keeps `handle` for the next [`StreamingDataset::sample`] calls, letting the oldest go
-    /// past [`RECENT_SHARDS`], [`RECENT_OFFSET_BYTES`] of offset tables, or a sixteenth of the
-    /// cache limit in shards that take room in the cache (local files read in place take none).
-    /// The bound is per process, and every rank and DataLoader worker doing random access keeps
-    /// its own: a sixteenth leaves the node's streams room with many of them (and a process
-    /// that fetches lets its kept shards go first, see [`StreamingDataset::sample`]).
-    fn keep_recent(&self, handle: ShardHandle) {
-        let allowance = self.cache_config.limit_bytes / 16;
-        let cached = |h: &ShardHandle| if h.in_place() { 0 } else { h.len() };
-        let offsets = |h: &ShardHandle| 4 * h.num_samples();
-        let released = {
-            let Ok(mut guard) = self.recent.try_lock() else {
-                return;
-            };
-            let recent = guard.of_this_process();
-            let mut released: Vec<ShardHandle> = Vec::new();
-            if let Some(at) = recent.iter().position(|h| h.shard() == handle.shard()) {
-                released.push(recent.remove(at));
-            }
-            recent.push(handle);
-            let mut bytes: u64 = recent.iter().map(cached).sum();
-            let mut table: u64 = recent.iter().map(offsets).sum();
-            let mut cut = 0;
-            while cut < recent.len()
-                && (recent.len() - cut > RECENT_SHARDS
-                    || bytes > allowance
-                    || table > RECENT_OFFSET_BYTES)
-            {
-                bytes -= cached(&recent[cut]);
-                table -= offsets(&recent[cut]);
-                cut += 1;
-            }
-            released.extend(recent.drain(..cut));
-            released
-        };
-        // Unpinned outside the lock.
-        drop(released);
-    }
-
-    /// Lets the kept handle of `shard` go, or all of them (`None`).
-    fn forget_recent(&self, shard: Option<usize>) {
-        let released = match self.recent.try_lock() {
-            Ok(mut guard) => {
-                let recent = guard.of_this_process();
-                let (gone, kept) = std::mem::take(recent)
-                    .into_iter()
-                    .partition::<Vec<_>, _>(|h| shard.is_none_or(|s| h.shard() == s));
-                *recent = kept;
-                gone
-            }
-            Err(_) => Vec::new(),
-        };
-        drop(released);
-    }
-
-    /// This process's storage clients: opened again from the URL where possible.
-    fn fresh_locations(&self) -> Result<Vec<Location>> {
-        self.locations
-            .iter()
-            .zip(&self.reopen)
-            .map(|(loc, again)| match again {
-                Some((url, split)) => {
-                    let fresh = open_url(url, self.retry_window())?;
-                    Ok(match split {
-                        Some(split) => fresh.join(split)?,
-                        None => fresh,
-                    })
-                }
-                None => Ok(loc.clone()),
-            })
-            .collect()
-    }
-
-    /// The retry window of fetches starting now.
-    pub(crate) fn retry_window(&self) -> Duration {
-        Duration::from_millis(self.retry_window_ms.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn snapshot(&self) -> MetricsSnapshot {
-        use std::sync::atomic::Ordering::Relaxed;
-        let m = &self.metrics;
-        let engine = self.proc.peek();
-        let cache = engine
-            .as_ref()
-            .map(|ps| ps.cache.metrics().snapshot())
-            .unwrap_or_default();
-        MetricsSnapshot {
-            fetch_bytes: m.fetch_bytes.load(Relaxed),
-            fetch_requests: m.fetch_requests.load(Relaxed),
-            fetch_retries: m.fetch_retries.load(Relaxed),
-            shards_fetched: m.shards_fetched.load(Relaxed),
-            shards_joined: m.shards_joined.load(Relaxed),
-            cache_hits: cache.hits,
-            cache_misses: cache.misses,
-            cache_evictions: cache.evictions,
-            cache_corrupt: cache.corrupt,
-            cache_bytes: cache.cache_bytes,
-            samples: m.samples.load(Relaxed),
-            sample_bytes: m.sample_bytes.load(Relaxed),
-            sample_reads: m.sample_reads.load(Relaxed),
-            deferred_reads: m.deferred_reads.load(Relaxed),
-            stall_seconds: m.stall_nanos.load(Relaxed) as f64 / 1e9,
-            memory_in_use: engine.as_ref().map_or(0, |ps| ps.budget.in_use()),
-            memory_limit: self.memory.engine,
-        }
-    }
-}
-
 /// A stream as `open_streams_at` takes it: location, split, weight, and how to reopen it.
 type Stream = (
     Location,
@@ -719,184 +455,6 @@ type Stream = (
     Weight,
     Option<(String, Option<String>)>,
 );
-
-/// One dataset of a mix, for [`StreamingDataset::open_streams`] (Mosaic's `Stream`).
-#[derive(Debug, Clone)]
-pub struct StreamSpec {
-    /// Its root (as [`StreamingConfig::remote`]).
-    pub remote: String,
-    /// Its subfolder.
-    pub split: Option<String>,
-    /// How much of each epoch it gives.
-    pub weight: Weight,
-    /// A location built by the caller (custom options, a test server); else `remote` is opened.
-    pub location: Option<Location>,
-}
-
-/// The shards of the streams read so far.
-#[derive(Default)]
-struct Loaded {
-    shards: Vec<ShardSource>,
-    first_sample: u64,
-    max_shard_bytes: u64,
-    first_columns: Vec<(String, String)>,
-}
-
-impl Loaded {
-    /// Adds stream `stream` from its `index.json` bytes; returns its per-shard sample counts.
-    fn add_stream(
-        &mut self,
-        config: &StreamingConfig,
-        location: &Location,
-        stream: usize,
-        index: &Index,
-    ) -> Result<Vec<u64>> {
-        let index_name = location.url_of("index.json");
-        let in_place = location.local_root().is_some() && !config.copy_local;
-        if let Some(s) = index.shards.first() {
-            let cols = s
-                .column_names
-                .iter()
-                .cloned()
-                .zip(s.column_encodings.iter().cloned())
-                .collect();
-            if stream == 0 {
-                self.first_columns = cols;
-            }
-        }
-        let mut counts = Vec::with_capacity(index.shards.len());
-        let mut prev_columns: Option<Arc<Columns>> = None;
-        for info in &index.shards {
-            let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
-            let columns = match prev_columns {
-                Some(prev) if *prev == columns => prev,
-                _ => Arc::new(columns),
-            };
-            prev_columns = Some(Arc::clone(&columns));
-            let compression = info.compression()?;
-            let hash =
-                |file: &FileInfo| config.validate_hash.then(|| expected_hash(file)).flatten();
-            let raw_local = match location.local_path(&info.raw_data.basename)? {
-                Some(p) if p.is_file() => Some(p),
-                _ => None,
-            };
-            let (stored, algorithm) = match (&info.zip_data, compression) {
-                (Some(zip), Some(c)) if raw_local.is_none() => (zip, Some(c.algorithm())),
-                _ => (&info.raw_data, None),
-            };
-            let local_stored = location.local_path(&stored.basename)?;
-            let name: Arc<str> = match &local_stored {
-                Some(p) => Arc::from(p.display().to_string()),
-                None => Arc::from(location.url_of(&stored.basename)),
-            };
-            // Bytes the shard takes in the cache: decompressed, plus compressed while it is
-            // being decompressed; nothing when it is read in place.
-            let cached = match (in_place, raw_local.is_some(), algorithm) {
-                (true, true, _) => 0,
-                (true, false, _) => info.raw_data.bytes,
-                (false, _, Some(_)) => info.raw_data.bytes + stored.bytes,
-                (false, _, None) => info.raw_data.bytes,
-            };
-            self.max_shard_bytes = self.max_shard_bytes.max(cached);
-            self.shards.push(ShardSource {
-                name,
-                stream,
-                stored_rel: stored.basename.clone(),
-                stored_size: stored.bytes,
-                stored_hash: hash(stored),
-                algorithm,
-                raw_size: info.raw_data.bytes,
-                raw_hash: hash(&info.raw_data),
-                local_raw: raw_local.filter(|_| in_place),
-                local_stored: local_stored.filter(|_| in_place),
-                samples: info.samples,
-                first_sample: self.first_sample,
-                cache_bytes: cached,
-                columns,
-            });
-            counts.push(info.samples);
-            self.first_sample += info.samples;
-        }
-        Ok(counts)
-    }
-}
-
-/// A stream's `index.json`, as bytes, parsed, and whether it came from the store. A remote
-/// index comes from its copy in the node's cache folder `copies` when there is one that parses
-/// (see `crate::cache::read_index_copy`), else from the store. A local index is always read
-/// where it is.
-fn load_index(location: &Location, copies: Option<&Path>) -> Result<(Vec<u8>, Index, bool)> {
-    let name = location.url_of("index.json");
-    let copies = copies.filter(|_| location.local_root().is_none());
-    if let Some(dir) = copies {
-        match read_index_copy(dir, &name) {
-            Ok(Some(json)) => match Index::from_json(&name, &json) {
-                Ok(index) => {
-                    debug!(index = %name, cache = %dir.display(), "index read from its copy");
-                    return Ok((json, index, false));
-                }
-                Err(e) => {
-                    warn!(index = %name, cache = %dir.display(), error = %e,
-                        "the copy of the index does not parse; reading the store again");
-                    if let Err(e) = remove_index_copy(dir, &name) {
-                        warn!(error = %e, "cannot remove the copy of the index");
-                    }
-                }
-            },
-            Ok(None) => {}
-            Err(e) => warn!(index = %name, error = %e, "cannot read the copy of the index"),
-        }
-    }
-    let json = read_index(location)?;
-    let index = Index::from_json(&name, &json)?;
-    Ok((json, index, true))
-}
-
-/// Keeps a remote index read from the store in the node's cache folder for the next opens,
-/// unless the folder has that copy already (a forked DataLoader worker of a parent that never
-/// iterated saves what its siblings saved); a failure only costs those opens a GET.
-fn keep_index_copy(copy: &IndexCopy) {
-    if read_index_copy(&copy.dir, &copy.url).is_ok_and(|kept| kept.as_ref() == Some(&copy.json)) {
-        return;
-    }
-    match save_index_copy(&copy.dir, &copy.url, &copy.json) {
-        Ok(()) => debug!(index = %copy.url, cache = %copy.dir.display(), "index copied"),
-        Err(e) => warn!(index = %copy.url, cache = %copy.dir.display(), error = %e,
-            "cannot keep a copy of the index; the next open reads the store again"),
-    }
-}
-
-fn read_index(location: &Location) -> Result<Vec<u8>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StreamerError::Engine(format!("cannot start a runtime: {e}")))?;
-    // A runtime of this thread only, dropped before returning: no thread outlives `open`, so a
-    // fork right after it is safe.
-    let location = location.clone();
-    rt.block_on(async move {
-        // The index is read whole: its size (untrusted) is checked against the cap from the
-        // first response, before the rest is fetched.
-        let url = location.url_of("index.json");
-        let limit = shardstream_sharding::index_file::max_index_bytes();
-        match location.get_at_most("index.json", limit).await {
-            Ok(bytes) => Ok(bytes.to_vec()),
-            Err(StorageError::TooLarge { size, limit, .. }) => {
-                Err(shardstream_sharding::index_file::oversized_index(&url, size, limit).into())
-            }
-            Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
-            Err(e) => Err(e.into()),
-        }
-    })
-}
-
-/// Opens a dataset URL with the storage client's own retries clamped to the retry window, so
-/// that the two retry levels do not add up (see [`StreamingConfig::retry_window`]).
-fn open_url(url: &str, retry_window: Duration) -> Result<Location> {
-    let mut options = StorageOptions::default();
-    options.retry.retry_timeout = options.retry.retry_timeout.min(retry_window);
-    Ok(Location::open_with(url, &options, &Env::from_process())?)
-}
 
 /// What keys a dataset's cache folder when no launcher names the run.
 #[derive(Debug, Clone, Copy)]
@@ -953,15 +511,4 @@ fn resolve_cache_dir(config: &StreamingConfig, key: CacheKey<'_>) -> Result<Path
             })
         }
     }
-}
-
-fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
-    file.hashes.iter().find_map(|(name, hex)| {
-        HashAlgorithm::parse(name)
-            .ok()
-            .map(|algorithm| ExpectedHash {
-                algorithm,
-                hex: hex.clone(),
-            })
-    })
 }

@@ -36,9 +36,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::engine::{self, ProcState};
+use super::engine;
+use super::inner::Inner;
+use super::proc::ProcState;
 use super::stream::{StreamPlan, MAX_FETCHES};
-use super::Inner;
 use crate::error::{Result, StreamerError};
 use crate::order::EpochOrder;
 

@@ -33,11 +33,12 @@ use tokio::task::JoinHandle;
 use tracing::debug;
 
 use super::budget::{Budget, Lease};
-use super::engine::{self, ProcState};
+use super::engine;
 use super::fetch::WRITE_BYTES;
+use super::inner::Inner;
 use super::metrics::Metrics;
+use super::proc::ProcState;
 use super::shard::{RawSample, ShardHandle};
-use super::Inner;
 use crate::buffers::PooledBuffer;
 use crate::error::{Result, StreamerError};
 use crate::memory::RUN_BYTES;

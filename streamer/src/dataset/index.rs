@@ -1,0 +1,235 @@
+//! Reading the streams' `index.json` files: from the node folder's copy or the store (under the
+//! size cap), checked, and turned into the shard list the engine fetches from.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shardstream_sharding::compression::Algorithm;
+
+use shardstream_sharding::hashing::HashAlgorithm;
+use shardstream_sharding::mds::{Columns, FileInfo, Index};
+use shardstream_storage::{Location, StorageError};
+use tracing::{debug, warn};
+
+use super::config::StreamingConfig;
+use crate::cache::{read_index_copy, remove_index_copy, save_index_copy, ExpectedHash};
+use crate::error::{Result, StreamerError};
+use crate::order::Weight;
+
+/// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
+#[derive(Debug)]
+pub(crate) struct IndexCopy {
+    pub(super) dir: PathBuf,
+    pub(super) url: String,
+    pub(super) json: Vec<u8>,
+}
+
+/// One dataset of a mix, for [`StreamingDataset::open_streams`] (Mosaic's `Stream`).
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Its root (as [`StreamingConfig::remote`]).
+    pub remote: String,
+    /// Its subfolder.
+    pub split: Option<String>,
+    /// How much of each epoch it gives.
+    pub weight: Weight,
+    /// A location built by the caller (custom options, a test server); else `remote` is opened.
+    pub location: Option<Location>,
+}
+
+/// The shards of the streams read so far.
+#[derive(Default)]
+pub(super) struct Loaded {
+    pub(super) shards: Vec<ShardSource>,
+    pub(super) first_sample: u64,
+    pub(super) max_shard_bytes: u64,
+    pub(super) first_columns: Vec<(String, String)>,
+}
+
+impl Loaded {
+    /// Adds stream `stream` from its `index.json` bytes; returns its per-shard sample counts.
+    pub(super) fn add_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        index: &Index,
+    ) -> Result<Vec<u64>> {
+        let index_name = location.url_of("index.json");
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        if let Some(s) = index.shards.first() {
+            let cols = s
+                .column_names
+                .iter()
+                .cloned()
+                .zip(s.column_encodings.iter().cloned())
+                .collect();
+            if stream == 0 {
+                self.first_columns = cols;
+            }
+        }
+        let mut counts = Vec::with_capacity(index.shards.len());
+        let mut prev_columns: Option<Arc<Columns>> = None;
+        for info in &index.shards {
+            let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
+            let columns = match prev_columns {
+                Some(prev) if *prev == columns => prev,
+                _ => Arc::new(columns),
+            };
+            prev_columns = Some(Arc::clone(&columns));
+            let compression = info.compression()?;
+            let hash =
+                |file: &FileInfo| config.validate_hash.then(|| expected_hash(file)).flatten();
+            let raw_local = match location.local_path(&info.raw_data.basename)? {
+                Some(p) if p.is_file() => Some(p),
+                _ => None,
+            };
+            let (stored, algorithm) = match (&info.zip_data, compression) {
+                (Some(zip), Some(c)) if raw_local.is_none() => (zip, Some(c.algorithm())),
+                _ => (&info.raw_data, None),
+            };
+            let local_stored = location.local_path(&stored.basename)?;
+            let name: Arc<str> = match &local_stored {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(&stored.basename)),
+            };
+            // Bytes the shard takes in the cache: decompressed, plus compressed while it is
+            // being decompressed; nothing when it is read in place.
+            let cached = match (in_place, raw_local.is_some(), algorithm) {
+                (true, true, _) => 0,
+                (true, false, _) => info.raw_data.bytes,
+                (false, _, Some(_)) => info.raw_data.bytes + stored.bytes,
+                (false, _, None) => info.raw_data.bytes,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: stored.basename.clone(),
+                stored_size: stored.bytes,
+                stored_hash: hash(stored),
+                algorithm,
+                raw_size: info.raw_data.bytes,
+                raw_hash: hash(&info.raw_data),
+                local_raw: raw_local.filter(|_| in_place),
+                local_stored: local_stored.filter(|_| in_place),
+                samples: info.samples,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                columns,
+            });
+            counts.push(info.samples);
+            self.first_sample += info.samples;
+        }
+        Ok(counts)
+    }
+}
+
+/// A stream's `index.json`, as bytes, parsed, and whether it came from the store. A remote
+/// index comes from its copy in the node's cache folder `copies` when there is one that parses
+/// (see `crate::cache::read_index_copy`), else from the store. A local index is always read
+/// where it is.
+pub(super) fn load_index(
+    location: &Location,
+    copies: Option<&Path>,
+) -> Result<(Vec<u8>, Index, bool)> {
+    let name = location.url_of("index.json");
+    let copies = copies.filter(|_| location.local_root().is_none());
+    if let Some(dir) = copies {
+        match read_index_copy(dir, &name) {
+            Ok(Some(json)) => match Index::from_json(&name, &json) {
+                Ok(index) => {
+                    debug!(index = %name, cache = %dir.display(), "index read from its copy");
+                    return Ok((json, index, false));
+                }
+                Err(e) => {
+                    warn!(index = %name, cache = %dir.display(), error = %e,
+                        "the copy of the index does not parse; reading the store again");
+                    if let Err(e) = remove_index_copy(dir, &name) {
+                        warn!(error = %e, "cannot remove the copy of the index");
+                    }
+                }
+            },
+            Ok(None) => {}
+            Err(e) => warn!(index = %name, error = %e, "cannot read the copy of the index"),
+        }
+    }
+    let json = read_index(location)?;
+    let index = Index::from_json(&name, &json)?;
+    Ok((json, index, true))
+}
+
+/// Keeps a remote index read from the store in the node's cache folder for the next opens,
+/// unless the folder has that copy already (a forked DataLoader worker of a parent that never
+/// iterated saves what its siblings saved); a failure only costs those opens a GET.
+pub(super) fn keep_index_copy(copy: &IndexCopy) {
+    if read_index_copy(&copy.dir, &copy.url).is_ok_and(|kept| kept.as_ref() == Some(&copy.json)) {
+        return;
+    }
+    match save_index_copy(&copy.dir, &copy.url, &copy.json) {
+        Ok(()) => debug!(index = %copy.url, cache = %copy.dir.display(), "index copied"),
+        Err(e) => warn!(index = %copy.url, cache = %copy.dir.display(), error = %e,
+            "cannot keep a copy of the index; the next open reads the store again"),
+    }
+}
+
+pub(super) fn read_index(location: &Location) -> Result<Vec<u8>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StreamerError::Engine(format!("cannot start a runtime: {e}")))?;
+    // A runtime of this thread only, dropped before returning: no thread outlives `open`, so a
+    // fork right after it is safe.
+    let location = location.clone();
+    rt.block_on(async move {
+        // The index is read whole: its size (untrusted) is checked against the cap from the
+        // first response, before the rest is fetched.
+        let url = location.url_of("index.json");
+        let limit = shardstream_sharding::index_file::max_index_bytes();
+        match location.get_at_most("index.json", limit).await {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(StorageError::TooLarge { size, limit, .. }) => {
+                Err(shardstream_sharding::index_file::oversized_index(&url, size, limit).into())
+            }
+            Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+pub(super) fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {
+    file.hashes.iter().find_map(|(name, hex)| {
+        HashAlgorithm::parse(name)
+            .ok()
+            .map(|algorithm| ExpectedHash {
+                algorithm,
+                hex: hex.clone(),
+            })
+    })
+}
+
+/// Where one shard's bytes come from, resolved at open from the index.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardSource {
+    /// The shard's URL (or local path), for messages and as its cache key.
+    pub name: Arc<str>,
+    /// The stream (dataset) it belongs to: an index into the dataset's locations.
+    pub stream: usize,
+    /// The file to fetch, relative to the dataset location (compressed when `algorithm` is set).
+    pub stored_rel: String,
+    pub stored_size: u64,
+    pub stored_hash: Option<ExpectedHash>,
+    /// Set when the stored file must be decompressed.
+    pub algorithm: Option<Algorithm>,
+    pub raw_size: u64,
+    pub raw_hash: Option<ExpectedHash>,
+    /// The decompressed file, when it is local and read in place.
+    pub local_raw: Option<PathBuf>,
+    /// The compressed file, when it is local.
+    pub local_stored: Option<PathBuf>,
+    pub samples: u64,
+    pub first_sample: u64,
+    /// Bytes it takes in the cache (0 when read in place).
+    pub cache_bytes: u64,
+    pub columns: Arc<shardstream_sharding::mds::Columns>,
+}
