@@ -12,6 +12,8 @@ command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v rclone >/dev/null || need+=(rclone)
 command -v s3fs >/dev/null || need+=(s3fs)
 command -v curl >/dev/null || need+=(curl)
+# A real Prometheus scrapes `shardstream run` in tests/python/test_node_metrics.py.
+command -v prometheus >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
