@@ -413,15 +413,19 @@ def _lint_job_network(pt: PodTemplate, services: dict) -> list[str]:
     sub = spec.get("subdomain")
     out = []
     for c in spec.get("containers", []):
-        master = flag(argv(c), "--master-addr") or (env_of(c).get("MASTER_ADDR") or {}).get("value")
+        # Where every node meets: a static --master-addr, or the host of a c10d --rdzv-endpoint.
+        endpoint = flag(argv(c), "--rdzv-endpoint")
+        master = (flag(argv(c), "--master-addr") or (env_of(c).get("MASTER_ADDR") or {}).get("value")
+                  or (endpoint.rsplit(":", 1)[0] if endpoint else None))
+        what = "--master-addr" if endpoint is None else "--rdzv-endpoint"
         nnodes = flag(argv(c), "--nnodes")
         if master is None:
             continue
         if sub is None:
-            out.append(f"{pt.where}: --master-addr {master} but no subdomain: pods have no DNS names")
+            out.append(f"{pt.where}: {what} {master} but no subdomain: pods have no DNS names")
             continue
         if master != f"{name}-0.{sub}":
-            out.append(f"{pt.where}: --master-addr {master} is not pod 0 of this Job ({name}-0.{sub})")
+            out.append(f"{pt.where}: {what} {master} is not pod 0 of this Job ({name}-0.{sub})")
         if job["spec"].get("completionMode") != "Indexed":
             out.append(f"{pt.where}: a multi-node Job must be Indexed (stable hostnames and node ranks)")
         if nnodes is not None and not (str(job["spec"].get("completions")) == str(job["spec"].get("parallelism")) == nnodes):

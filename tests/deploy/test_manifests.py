@@ -173,7 +173,7 @@ def test_lint_catches_the_kustomize_name_prefix_trap(rendered, tmp_path):
             if o["kind"] in ("Job", "Service"):
                 o["metadata"]["name"] = "prod-" + o["metadata"]["name"]
     errors = lint_errors(objs)
-    assert "is not pod 0 of this Job (prod-train-0.train)" in errors
+    assert "is not pod 0 of this Job (prod-train-0.train)" in errors  # the c10d endpoint
     assert "subdomain train has no headless Service" in errors
 
 
