@@ -5,12 +5,12 @@
 //! the `shardstream-ckpt-fault` binary that the Python crash tests drive.
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+    CopyOptions, GetOptions, GetResult, MultipartUpload, ObjectStore, PutMultipartOptions,
+    PutOptions, PutPayload, PutResult, UploadPart,
 };
+use shardstream_storage::decorate::Decorator;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -209,7 +209,11 @@ impl MultipartUpload for FaultUpload {
 }
 
 #[async_trait]
-impl ObjectStore for FaultStore {
+impl Decorator for FaultStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -248,21 +252,6 @@ impl ObjectStore for FaultStore {
         self.inner.get_opts(location, options).await
     }
 
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
     async fn copy_opts(
         &self,
         from: &Path,
@@ -275,3 +264,5 @@ impl ObjectStore for FaultStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+shardstream_storage::object_store_decorator!(FaultStore);

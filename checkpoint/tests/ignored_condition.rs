@@ -5,13 +5,10 @@
 
 use crate::common::upload;
 use async_trait::async_trait;
-use futures::stream::BoxStream;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ObjectStore, PutOptions, PutPayload, PutResult};
 use shardstream_checkpoint::{CheckpointError, CheckpointRoot, CommitRequest, Manifest};
+use shardstream_storage::decorate::Decorator;
 use shardstream_storage::testing::{options_for, test_env, FaultProxy, MotoServer};
 use shardstream_storage::Location;
 use std::sync::Arc;
@@ -181,7 +178,11 @@ impl std::fmt::Display for MeetAtManifestPut {
 }
 
 #[async_trait]
-impl ObjectStore for MeetAtManifestPut {
+impl Decorator for MeetAtManifestPut {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -193,44 +194,6 @@ impl ObjectStore for MeetAtManifestPut {
         }
         self.inner.put_opts(location, payload, opts).await
     }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
 }
+
+shardstream_storage::object_store_decorator!(MeetAtManifestPut);

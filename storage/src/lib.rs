@@ -47,6 +47,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod decorate;
 pub mod env;
 mod error;
 mod etag;

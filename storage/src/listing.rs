@@ -29,15 +29,13 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::decorate::Decorator;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::{self, Path, DELIMITER};
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ListResult, ObjectMeta, ObjectStore};
 use tracing::warn;
 
 /// A key that a listing stepped over because `object_store` cannot represent it.
@@ -315,37 +313,9 @@ impl fmt::Display for KeySafeStore {
 }
 
 #[async_trait]
-impl ObjectStore for KeySafeStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+impl Decorator for KeySafeStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
@@ -373,16 +343,9 @@ impl ObjectStore for KeySafeStore {
             other => other,
         }
     }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
 }
+
+crate::object_store_decorator!(KeySafeStore);
 
 #[cfg(test)]
 mod tests {

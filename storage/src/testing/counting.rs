@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::decorate::Decorator;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -127,7 +128,11 @@ impl fmt::Display for CountingStore {
 }
 
 #[async_trait]
-impl ObjectStore for CountingStore {
+impl Decorator for CountingStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -214,6 +219,8 @@ impl ObjectStore for CountingStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+crate::object_store_decorator!(CountingStore);
 
 /// Replaces a GET's body by `f(body)`, turning file payloads (local store) into streams.
 pub(crate) fn map_body(

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::decorate::Decorator;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -198,7 +199,11 @@ impl fmt::Display for FailingStore {
 }
 
 #[async_trait]
-impl ObjectStore for FailingStore {
+impl Decorator for FailingStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -270,6 +275,8 @@ impl ObjectStore for FailingStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+crate::object_store_decorator!(FailingStore);
 
 #[derive(Debug)]
 struct FailingUpload {

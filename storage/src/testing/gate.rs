@@ -5,15 +5,13 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::decorate::Decorator;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{GetOptions, GetResult, ObjectStore};
 use tokio::sync::watch;
 
 use super::counting::map_body;
@@ -136,22 +134,9 @@ impl fmt::Display for GateStore {
 }
 
 #[async_trait]
-impl ObjectStore for GateStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
+impl Decorator for GateStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
     }
 
     async fn get_opts(
@@ -176,28 +161,6 @@ impl ObjectStore for GateStore {
             futures::stream::unfold(body, Body::next).boxed()
         }))
     }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
 }
+
+crate::object_store_decorator!(GateStore);

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::decorate::Decorator;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -62,7 +63,11 @@ impl fmt::Display for SlowStore {
 }
 
 #[async_trait]
-impl ObjectStore for SlowStore {
+impl Decorator for SlowStore {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     async fn put_opts(
         &self,
         location: &Path,
@@ -144,3 +149,5 @@ impl ObjectStore for SlowStore {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+crate::object_store_decorator!(SlowStore);

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::stream::BoxStream;
+use shardstream_storage::decorate::Decorator;
 use shardstream_storage::object_store::path::Path;
 use shardstream_storage::object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    GetOptions, GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, Result,
 };
 
 /// Overwrites the object with `replacement` once, right after the first GET returns.
@@ -38,17 +37,11 @@ impl fmt::Display for OverwriteAfterFirstGet {
 }
 
 #[async_trait]
-impl ObjectStore for OverwriteAfterFirstGet {
-    async fn put_opts(&self, p: &Path, payload: PutPayload, o: PutOptions) -> Result<PutResult> {
-        self.inner.put_opts(p, payload, o).await
+impl Decorator for OverwriteAfterFirstGet {
+    fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
     }
-    async fn put_multipart_opts(
-        &self,
-        p: &Path,
-        o: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(p, o).await
-    }
+
     async fn get_opts(&self, p: &Path, o: GetOptions) -> Result<GetResult> {
         let head = o.head;
         let result = self.inner.get_opts(p, o).await?;
@@ -68,19 +61,6 @@ impl ObjectStore for OverwriteAfterFirstGet {
             extensions,
         })
     }
-    fn delete_stream(
-        &self,
-        l: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(l)
-    }
-    fn list(&self, p: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(p)
-    }
-    async fn list_with_delimiter(&self, p: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(p).await
-    }
-    async fn copy_opts(&self, from: &Path, to: &Path, o: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, o).await
-    }
 }
+
+shardstream_storage::object_store_decorator!(OverwriteAfterFirstGet);
