@@ -70,6 +70,7 @@ mod rank;
 mod read;
 #[cfg(test)]
 mod test_util;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod upload;
 
