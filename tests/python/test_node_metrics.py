@@ -148,8 +148,13 @@ def test_prometheus_sees_the_node_sum_of_every_rank_and_worker(tmp_path, moto, p
                                      f"targets: {query(web, 'up')}")
         samples = scalar(web, "shardstream_samples_total")
         assert samples is not None and samples >= 600, samples
-        # Scraped again after the workers exited: still the whole sum, and never lower before.
-        time.sleep(2.5)
+        # Scraped again after the workers exited (two scrapes later): still the whole sum, and
+        # never lower before.
+        first = scalar(web, "timestamp(shardstream_fetch_bytes_total)")
+        deadline = time.monotonic() + 30
+        while scalar(web, "timestamp(shardstream_fetch_bytes_total)") < first + 2:
+            assert time.monotonic() < deadline, "prometheus stopped scraping"
+            time.sleep(0.2)
         assert scalar(web, "shardstream_fetch_bytes_total") == shard_bytes
         assert scalar(web, "resets(shardstream_fetch_bytes_total[5m])") == 0
         assert scalar(web, "resets(shardstream_samples_total[5m])") == 0
