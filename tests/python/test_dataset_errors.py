@@ -75,3 +75,15 @@ def test_bad_run_id_names_the_python_argument(no_run_id):
         shardstream.StreamingDataset(remote=no_run_id, run_id="../escape")
     msg = str(err.value)
     assert "run_id=" in msg and "--run-id" not in msg, msg
+
+
+def test_a_streams_local_is_its_cache_folder(no_run_id, tmp_path):
+    """Mosaic's `Stream(remote=..., local=...)`: the shards are cached in `local`, with no run
+    id and no cache root needed."""
+    local = tmp_path / "my-local"
+    ds = shardstream.StreamingDataset(streams=[shardstream.Stream(remote=no_run_id, local=str(local))],
+                                      batch_size=2)
+    assert ds.cache_dir == str(local)
+    assert sorted(int(s["id"]) for s in ds) == list(range(5))
+    assert ds.metrics()["fetch_bytes"] > 0
+    assert any((local / "data").iterdir()), "the shards are in local"

@@ -254,6 +254,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         **kwargs: Any,
     ) -> None:
         remote, local, cache_root = path_text(remote), path_text(local), path_text(cache_root)
+        stream_local = None
         # Mosaic 0.13 builds its one stream from a registry: "stream" (its MDS stream, and ours)
         # with `stream_config` as extra Stream arguments; other names are Databricks' Delta tables.
         stream_name = kwargs.pop("stream_name", "stream")
@@ -283,6 +284,17 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             if remote is not None or local is not None:
                 raise ValueError("give either streams or remote/local, not both")
             streams = [as_stream(s) for s in streams]
+            # As in Mosaic, a remote Stream's `local` is where its shards are cached. The engine
+            # keeps one cache folder per dataset: the first such `local` is the mix's.
+            stream_locals = [s.local for s in streams if s.remote is not None and s.local is not None]
+            if stream_locals:
+                stream_local = stream_locals[0]
+                if any(other != stream_local for other in stream_locals[1:]):
+                    warnings.warn(
+                        f"the Streams give several local folders; shardstream caches a mix in one "
+                        f"folder, the first Stream's: {stream_local}",
+                        stacklevel=2,
+                    )
         elif remote is None and local is None:
             raise ValueError("StreamingDataset needs remote, local, or both")
         epoch_size = parse_count(epoch_size, "epoch_size")
@@ -312,7 +324,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             zero_copy=self.zero_copy,
             sampling_method=sampling_method,
             split=split,
-            local=local if remote is not None else None,
+            local=local if remote is not None else stream_local,
             cache_root=cache_root,
             run_id=run_id,
             node_rank=node_rank,

@@ -44,8 +44,8 @@ class Stream:
     it gives (`proportion`, `repeat` or `choose`).
 
     `remote` is the dataset (`s3://`, `gs://`, `az://`, a path). Without `remote`, `local` is the
-    dataset itself. With both, `local` is accepted for Mosaic compatibility, but the shards of
-    every stream are cached in the run's node cache (`cache_root`/`run_id`), not in `local`.
+    dataset itself. With both, `local` is where the shards are cached, as in Mosaic (a mix has one
+    cache folder: the first Stream's `local`).
     """
 
     def __init__(
