@@ -591,3 +591,49 @@ fn allow_other_reaches_the_kernel_mount_options() {
     );
     assert!(a.stop() && b.stop());
 }
+
+#[test]
+fn a_mount_run_alone_serves_its_own_metrics() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("files");
+    for i in 0..20 {
+        write(&tree, &format!("{i:03}.bin"), &noise(i, 3000));
+    }
+    let dataset = dir.path().join("ds");
+    run(&["shard", s(&tree), s(&dataset), "--shard-size", "16kb"]).ok();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mnt = dir.path().join("mnt");
+    let _daemon = Daemon::start(
+        s(&dataset),
+        &mnt,
+        &dir.path().join("cache"),
+        &["--metrics-addr", &addr],
+        &[],
+    );
+    // Reading through the mount moves its counters.
+    let walked = tree_bytes(&mnt.join("samples"));
+    assert_eq!(walked, tree_bytes(&tree));
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    let value = |name: &str| -> f64 {
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {reply}"))
+            .parse()
+            .unwrap()
+    };
+    // Every shard the walk opened was a hit or a miss of the node cache.
+    let opened = value("shardstream_cache_hits_total") + value("shardstream_cache_misses_total");
+    assert!(opened > 0.0, "{reply}");
+}

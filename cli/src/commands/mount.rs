@@ -15,6 +15,7 @@ use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
 use crate::exit::ConfigError;
+use crate::metrics_server;
 use crate::node_args::{streaming_config, BudgetArgs, NodeArgs};
 use crate::output::outln;
 use crate::Global;
@@ -65,6 +66,11 @@ pub struct MountArgs {
     /// Seconds the background start waits for the daemon to be ready.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
+    /// Serve this mount's own metrics for Prometheus on this address while it is mounted (a
+    /// mount run alone; under `shardstream run` its counters are in the node's sum that `run`
+    /// serves, so no flag is needed there).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 }
 
 /// Runs `mount`.
@@ -91,6 +97,16 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         samples = dataset.num_samples(),
         "dataset opened"
     );
+    // Served as long as the mount is: dropped when `serve` returns.
+    let _metrics = match &args.metrics_addr {
+        Some(addr) => {
+            let counted = dataset.clone();
+            Some(metrics_server::serve(addr, move || {
+                counted.metrics().to_prometheus()
+            })?)
+        }
+        None => None,
+    };
     let source = StreamingSource::new(dataset, args.budget.cache_limit.map(|b| b.0));
     let fs_config = FsConfig {
         by_path: !args.by_index,
