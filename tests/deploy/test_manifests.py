@@ -318,3 +318,27 @@ def test_dockerfile_installs_what_the_manifests_run():
     assert pyproject["tool"]["maturin"]["profile"] == "dist"
     assert "/usr/local/bin/shardstream" in text
     assert "fuse3" in text and "util-linux" in text  # fusermount3, and `mountpoint` for the probe
+
+
+def test_the_alert_rules_are_valid_promql(rendered, tmp_path):
+    """The PrometheusRule's groups, checked by Prometheus' own `promtool check rules` (Debian's
+    prometheus package, installed by scripts/setup-system.sh): a query that does not parse would
+    otherwise only fail inside the cluster's Prometheus."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (scripts/setup-system.sh installs prometheus)"
+    rule = next(o for o in rendered["monitoring"] if o["kind"] == "PrometheusRule")
+    names = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"ShardstreamMetricsDown", "ShardstreamConsumerStalling"} <= names
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # And a broken query is caught.
+    broken = copy.deepcopy(rule["spec"]["groups"])
+    broken[0]["rules"][0]["expr"] = "rate(shardstream_fetch_bytes_total[10m]"
+    path.write_text(yaml.safe_dump({"groups": broken}))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode != 0
