@@ -14,10 +14,8 @@ use crate::error::{CheckpointError, Result};
 use crate::fetch::{read_pieces, ReadTarget};
 use crate::layout::MANIFEST_NAME;
 use crate::manifest::FileRecord;
-use crate::metrics::add;
 use crate::CheckpointReader;
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use std::ops::Range;
 use std::path::{Path as FsPath, PathBuf};
 use tokio::io::AsyncWriteExt;
@@ -78,20 +76,7 @@ impl CheckpointReader {
         let full = self.object_path(rel)?;
         let root = self.checkpoint_root();
         let metrics = root.metrics();
-        add(&metrics.get_requests, 1);
-        let meta = root
-            .store()
-            .head(&full)
-            .await
-            .map_err(|e| CheckpointError::store("head", &full, e))?;
-        if meta.size != rec.size {
-            add(&metrics.integrity_failures, 1);
-            return Err(CheckpointError::SizeMismatch {
-                path: full,
-                expected: rec.size,
-                actual: meta.size,
-            });
-        }
+        crate::read::check_size(root, &full, rec).await?;
         let mut out = Partial::create(dest).await?;
         if rec.size == 0 {
             if crc32c(&[]) != rec.crc32c {

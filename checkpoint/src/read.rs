@@ -349,19 +349,7 @@ impl CheckpointReader {
     async fn verify_object(&self, full: Path, rec: &FileRecord) -> Result<u64> {
         let metrics = self.root.metrics();
         let store = self.root.store();
-        add(&metrics.get_requests, 1);
-        let meta = store
-            .head(&full)
-            .await
-            .map_err(|e| CheckpointError::store("head", &full, e))?;
-        if meta.size != rec.size {
-            add(&metrics.integrity_failures, 1);
-            return Err(CheckpointError::SizeMismatch {
-                path: full,
-                expected: rec.size,
-                actual: meta.size,
-            });
-        }
+        check_size(&self.root, &full, rec).await?;
         let part_len = |i: usize| rec.part_range(i).map_or(0, |r| r.end - r.start);
         let check = |i: usize, crc: &Crc32c| -> Result<()> {
             let expected = rec.part_crc(i).unwrap_or(rec.crc32c);
@@ -420,6 +408,27 @@ impl CheckpointReader {
 }
 
 /// The part holding byte `offset` (0 for a single-PUT file).
+/// Fails unless the object at `full` has the size its manifest record claims (a HEAD), before
+/// any of its bytes are read or any buffer is sized from the record.
+pub(crate) async fn check_size(root: &CheckpointRoot, full: &Path, rec: &FileRecord) -> Result<()> {
+    let metrics = root.metrics();
+    add(&metrics.get_requests, 1);
+    let meta = root
+        .store()
+        .head(full)
+        .await
+        .map_err(|e| CheckpointError::store("head", full, e))?;
+    if meta.size != rec.size {
+        add(&metrics.integrity_failures, 1);
+        return Err(CheckpointError::SizeMismatch {
+            path: full.clone(),
+            expected: rec.size,
+            actual: meta.size,
+        });
+    }
+    Ok(())
+}
+
 fn part_index(rec: &FileRecord, offset: u64) -> usize {
     if rec.parts.is_empty() || rec.part_size == 0 {
         0

@@ -327,6 +327,34 @@ def test_ctrl_c_interrupts_a_call_blocked_on_storage(monkeypatch, ctrl_c):
         server.stop()
 
 
+
+def _wrapping_file_writers(real_store, wrap):
+    """A replacement for `shardstream.checkpoint._store` whose rank writers hand out the native
+    file writers wrapped in `wrap` (to act on each `write`); everything else is the real store."""
+
+    class RankWriter:
+        def __init__(self, writer) -> None:
+            self.writer = writer
+
+        def create(self, *args, **kwargs):
+            return wrap(self.writer.create(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.writer, name)
+
+    class Store:
+        def __init__(self, store) -> None:
+            self.store = store
+
+        def rank_writer(self, *args, **kwargs):
+            return RankWriter(self.store.rank_writer(*args, **kwargs))
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    return lambda root: Store(real_store(root))
+
+
 def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch, ctrl_c):
     """Ctrl-C while `RankFileWriter.write` waits on a stalled server raises KeyboardInterrupt
     within a signal poll instead of hanging, aborts the upload, and the interrupted
@@ -359,32 +387,12 @@ def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch, ctrl_
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    class RankWriter:
-        def __init__(self, writer) -> None:
-            self.writer = writer
-
-        def create(self, *args, **kwargs):
-            return StallOnFirstWrite(self.writer.create(*args, **kwargs))
-
-        def __getattr__(self, name):
-            return getattr(self.writer, name)
-
-    class Store:
-        def __init__(self, store) -> None:
-            self.store = store
-
-        def rank_writer(self, *args, **kwargs):
-            return RankWriter(self.store.rank_writer(*args, **kwargs))
-
-        def __getattr__(self, name):
-            return getattr(self.store, name)
-
     try:
         for k, v in server.env.items():
             monkeypatch.setenv(k, v)
         root = server.create_bucket(f"ctrlc-save-{uuid.uuid4().hex[:8]}") + "/run"
         dcp.save(_small_state(), storage_writer=StorageWriter(f"{root}/step_1"), no_dist=True)
-        monkeypatch.setattr(ckpt, "_store", lambda r: Store(real_store(r)))
+        monkeypatch.setattr(ckpt, "_store", _wrapping_file_writers(real_store, StallOnFirstWrite))
         # 64 MiB through a 10 MiB budget of 5 MiB parts: writes block once two parts wait on
         # the stopped server.
         big = {"w": torch.randn(16 << 20)}
@@ -450,27 +458,7 @@ def test_a_buffer_mutated_while_it_uploads_is_saved_consistently(tmp_path, monke
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    class RankWriter:
-        def __init__(self, writer) -> None:
-            self.writer = writer
-
-        def create(self, *args, **kwargs):
-            return MutatedWhileWritten(self.writer.create(*args, **kwargs))
-
-        def __getattr__(self, name):
-            return getattr(self.writer, name)
-
-    class Store:
-        def __init__(self, store) -> None:
-            self.store = store
-
-        def rank_writer(self, *args, **kwargs):
-            return RankWriter(self.store.rank_writer(*args, **kwargs))
-
-        def __getattr__(self, name):
-            return getattr(self.store, name)
-
-    monkeypatch.setattr(ckpt, "_store", lambda r: Store(real_store(r)))
+    monkeypatch.setattr(ckpt, "_store", _wrapping_file_writers(real_store, MutatedWhileWritten))
     root = tmp_path / "ckpts"
     state = {"w": torch.randn(4 << 20), "b": torch.randn(1 << 20)}
     dcp.save(state, storage_writer=StorageWriter(f"{root}/step_1"), no_dist=True)
