@@ -3,14 +3,16 @@
 
     .venv/bin/python benches/run.py            # full run: writes docs/benchmarks.md and docs/benchmarks/*.png
     .venv/bin/python benches/run.py --smoke --out /tmp/bench   # tiny data, < 60 s (CI)
+    .venv/bin/python benches/run.py --scale realistic --server s3s-fs --profiles 1MB   # 2 GB in 64 MB shards
 
 What it does, in order (each system a runner that is skipped with a stated reason when it cannot
 run on this checkout or machine):
   1. builds what it needs (`cargo build --release -p shardstream-cli`, `maturin build --release`;
      skipped with --no-build and in
      --smoke, which uses whatever binary is there);
-  2. writes the datasets: three profiles (100 B, 10 KB, 1 MB samples) in MDS, LitData and WebDataset;
-  3. starts a local S3 server (moto, on 127.0.0.1, a free port) and uploads them;
+  2. writes the datasets: three profiles (100 B, 10 KB, 1 MB samples) in MDS, LitData and WebDataset,
+     at the chosen scale (`quick`: 5-100 MB; `realistic`: ~2 GB per profile in ~64 MB shards);
+  3. starts a local S3 server (moto or s3s-fs, on 127.0.0.1, a free port) and uploads them;
   4. measures the ceilings (page-cache read, raw parallel GET, zstd), then streaming (shardstream CLI and
      Python binding, mosaicml-streaming, litdata, webdataset; cold and warm, 1 process and DataLoader
      with 2 workers, shuffled and not), FUSE (shardstream mount, rclone mount, s3fs; cold and warm) and
@@ -42,7 +44,7 @@ import fusebench  # noqa: E402
 import streambench  # noqa: E402
 from report import Report  # noqa: E402
 from results import Skip  # noqa: E402
-from s3server import S3Server  # noqa: E402
+import s3server  # noqa: E402
 
 T0 = time.monotonic()
 
@@ -70,6 +72,11 @@ def find_binary(args, skips: list) -> tuple[Path | None, str]:
                            timeout=args.build_timeout, capture_output=True, text=True)
         if r.returncode != 0:
             skips.append(Skip("build", "cargo build --release", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
+        log("building the object_store ceilings (storage/examples/get_ceiling.rs)")
+        r = subprocess.run(["cargo", "build", "--release", "-q", "-p", "shardstream-storage", "--example", "get_ceiling"],
+                           cwd=REPO, timeout=args.build_timeout, capture_output=True, text=True)
+        if r.returncode != 0:
+            skips.append(Skip("build", "get_ceiling", (r.stderr.strip().splitlines() or ["?"])[-1][:300]))
         maturin = Path(sys.executable).parent / "maturin"
         # `maturin build`, not `develop`: the release module is staged privately (stage_binding) and
         # the checkout's installed package is left as it is.
@@ -155,7 +162,12 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny data, one run each, for CI (< 60 s)")
     ap.add_argument("--out", help="folder for the report (benchmarks.md, benchmarks/*.png, results.json); "
                     "default: docs/ for a full run, <work>/report for --smoke")
-    ap.add_argument("--work", default=str(REPO / ".bench-work" / "run"), help="datasets and scratch space")
+    ap.add_argument("--scale", choices=datasets.SCALES[1:], default="quick",
+                    help="dataset sizes: quick (5-100 MB per profile) or realistic (~2 GB per profile in ~64 MB shards)")
+    ap.add_argument("--profiles", default="", help="comma-separated profiles to run (100B,10KB,1MB; default all)")
+    ap.add_argument("--server", choices=("moto", "s3s-fs"), default="moto",
+                    help="the local S3 server (s3s-fs: `cargo install s3s-fs`, or SHARDSTREAM_S3S_FS)")
+    ap.add_argument("--work", default=None, help="datasets and scratch space (default .bench-work/<scale>)")
     ap.add_argument("--runs", type=int, help="runs per figure (default 3; 1 with --smoke)")
     ap.add_argument("--timeout", type=float, help="bound on one child process, seconds (default 300; 60 with --smoke)")
     ap.add_argument("--build-timeout", type=float, default=1800)
@@ -165,9 +177,8 @@ def main() -> int:
     args = ap.parse_args()
     runs = args.runs or (1 if args.smoke else 3)
     timeout = args.timeout or (60 if args.smoke else 300)
-    work = Path(args.work)
-    if args.smoke and args.work == ap.get_default("work"):
-        work = REPO / ".bench-work" / "smoke"
+    scale = "smoke" if args.smoke else args.scale
+    work = Path(args.work) if args.work else REPO / ".bench-work" / {"quick": "run"}.get(scale, scale)
     out = Path(args.out) if args.out else (work / "report" if args.smoke else REPO / "docs")
     if args.smoke and out.resolve() == (REPO / "docs").resolve():
         ap.error("--smoke never writes docs/: give another --out")
@@ -182,10 +193,10 @@ def main() -> int:
     binding = stage_binding(work, args.smoke)
     log(f"shardstream Python binding: {binding}")
 
-    profiles = datasets.profiles(args.smoke)
-    log("writing datasets (reused when already complete)")
-    subprocess.run([python, str(REPO / "benches/lib/datasets.py"), str(work), "1" if args.smoke else "0"], check=True,
-                   timeout=1800, stdout=subprocess.DEVNULL)
+    profiles = datasets.selected(scale, args.profiles)
+    log(f"writing datasets at scale {scale} (reused when already complete)")
+    subprocess.run([python, str(REPO / "benches/lib/datasets.py"), str(work), scale, args.profiles], check=True,
+                   timeout=7200, stdout=subprocess.DEVNULL)
     dirs = {p.name: {f: work / "data" / f / p.name for f in datasets.WRITERS} for p in profiles}
     ds_meta = []
     for p in profiles:
@@ -196,8 +207,8 @@ def main() -> int:
         ds_meta.append(d)
 
     rows = []
-    with S3Server(python) as server:
-        log(f"moto S3 server on {server.endpoint}")
+    with s3server.start(args.server, work, python) as server:
+        log(f"{server.name} S3 server on {server.endpoint}")
         s3 = server.client()
         s3.create_bucket(Bucket="bench")
         for p in profiles:
@@ -212,12 +223,12 @@ def main() -> int:
             r, s = streambench.run_all(ctx, log)
             rows += r
             skips += s
-        fuse_profiles = profiles[1:2] if args.smoke else profiles[2:]
+        fuse_profiles = profiles[1:2] if args.smoke else [p for p in profiles if p.name == "1MB"]
         if "fuse" in sections:
             r, s = fusebench.run_all(ctx, log, fuse_profiles)
             rows += r
             skips += s
-        ckpt_mb = 8 if args.smoke else 128
+        ckpt_mb = {"smoke": 8, "quick": 128, "realistic": 1024}[scale]
         if "checkpoint" in sections:
             r, s = ckptbench.run_all(ctx, log, ckpt_mb)
             rows += r
@@ -236,13 +247,20 @@ def main() -> int:
         "versions": {**versions(bin_path, python), "shardstream Python binding": binding},
         "datasets": ds_meta,
         "profiles": [p.name for p in profiles],
+        "scale": scale,
+        "server": args.server,
         "fuse_profiles": [p.name for p in fuse_profiles],
         "ckpt_profile": f"{ckpt_mb} MiB state dict",
         "setup": [
-            "- **S3 server**: moto's server (moto[server], already a test dependency) on 127.0.0.1 and a free port, with a thin",
-            "  counting middleware (benches/lib/s3server.py) so that every system's download amplification is measured the same",
-            "  way, at the server. Not s3s-fs: it would need a Rust binary installed from crates.io for one benchmark; moto is",
-            "  slower, so the raw parallel GET/PUT ceilings below are measured against the same server and every ratio uses them.",
+            *([f"- **S3 server**: moto's server (moto[server], already a test dependency) on 127.0.0.1 and a free port, with a thin",
+               "  counting middleware (benches/lib/s3server.py) so that every system's download amplification is measured the same",
+               "  way, at the server. moto is slower than a production store, so the raw parallel GET/PUT ceilings below are",
+               "  measured against the same server and every ratio uses them (`--server s3s-fs` runs a faster Rust server)."]
+              if args.server == "moto" else
+              ["- **S3 server**: s3s-fs (a Rust S3 server from crates.io, objects as files on this disk) on 127.0.0.1 and a free",
+               "  port; amplification from the bytes its process wrote (/proc/PID/io), so no counting proxy slows it. The raw",
+               "  parallel GET and the cold ceiling (GET → cache files with fsync) are measured against it."]),
+            f"- **Scale**: {scale} ({', '.join(f'{p.name}: {p.samples:,} samples, {p.data_bytes / 1e9:.2f} GB in ≤{p.shard_bytes >> 20} MiB shards' for p in profiles)}).",
             "- **Datasets**: one sample stream (`{id, data}`, data = the id + half random, half repeated text) written by each",
             "  system's own writer: MDS by mosaicml-streaming's MDSWriter (read by Mosaic and shardstream), LitData chunks by",
             "  litdata's BinaryWriter (what `litdata.optimize` runs in each worker), WebDataset tars by `webdataset.TarWriter`; uncompressed (WebDataset has no shard compression).",

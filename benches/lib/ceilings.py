@@ -1,11 +1,18 @@
 """The ceilings of this machine, measured the same way as the systems (median of runs, bounded):
-page-cache read of the shard files, raw parallel GET from the same S3 server, zstd decompression."""
+page-cache read of the shard files, raw parallel GET from the same S3 server (boto3, and
+object_store in Rust), the cold ceiling (the same GETs written into files with the node cache's
+discipline: temp file, fsync, rename), zstd decompression.
+
+The cold ceiling is what a cold epoch must at least do on this machine: a cold epoch at 0.85 of it
+is at 0.85 of what the store and the disk allow together, whatever raw GET alone reaches."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import datasets
 from measure import run_child
@@ -32,6 +39,21 @@ for f in files:
             n += len(b)
 print(json.dumps({"s": time.perf_counter() - t, "bytes": n}))
 """
+
+
+# In flight for the Rust ceilings: the streamer's default fetch concurrency is of this order, and
+# more does not help a server on the same two cores.
+RUST_CONCURRENCY = 16
+REPO = Path(__file__).resolve().parents[2]
+
+
+def get_ceiling_binary() -> Path | None:
+    """`get_ceiling` (storage/examples/get_ceiling.rs), release build preferred."""
+    for build in ("release", "debug"):
+        p = REPO / "target" / build / "examples" / "get_ceiling"
+        if p.exists():
+            return p
+    return None
 
 
 def _timed_runs(fn, runs: int) -> list[float]:
@@ -90,6 +112,26 @@ def run_all(ctx, log) -> list[Row]:
         rows.append(aggregate("ceiling", f"raw parallel GET (boto3, {THREADS} threads)", p.name,
                               "cold · MDS shard objects", "ceiling", as_runs(times, stored, stored / p.data_bytes),
                               temperature="cold"))
+
+        # The same objects with object_store (no shardstream transfer code), then the cold ceiling:
+        # each body written to a temp file in the work folder, fsynced and renamed, as the cache does.
+        exe = get_ceiling_binary()
+        if exe is not None:
+            url = f"s3://bench/mds/{p.name}"
+            for label, extra in ((f"raw parallel GET (object_store, {RUST_CONCURRENCY} in flight)", []),
+                                 ("cold ceiling: GET → cache files (write, fsync, rename)", ["--to"])):
+                times = []
+                for k in range(ctx.runs + 1):
+                    dest = ctx.work / "scratch" / f"ceiling-{p.name}"
+                    shutil.rmtree(dest, ignore_errors=True)
+                    cmd = [str(exe), url, "--concurrency", str(RUST_CONCURRENCY)] + (extra + [str(dest)] if extra else [])
+                    res = run_child(cmd, ctx.timeout, env=ctx.server.env)
+                    shutil.rmtree(dest, ignore_errors=True)
+                    if res.rc == 0 and res.lines and res.lines[-1].get("bytes") == stored and k > 0:
+                        times.append(res.lines[-1]["seconds"])
+                rows.append(aggregate("ceiling", label, p.name, "cold · MDS shard objects", "ceiling",
+                                      as_runs(times, stored, stored / p.data_bytes), temperature="cold",
+                                      notes=f"{exe.parent.parent.name} build of storage/examples/get_ceiling.rs; first run a warm-up"))
 
         # zstd: decompression of the same shard bytes (compressed once at level 3), one thread.
         blob = ctx.work / "scratch" / f"zstd-{p.name}.zst"

@@ -235,7 +235,7 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
 
 def counters() -> dict:
     try:
-        with urllib.request.urlopen(SPEC["endpoint"] + "/_bench/counters", timeout=5) as r:
+        with urllib.request.urlopen(SPEC.get("counters_url") or SPEC["endpoint"] + "/_bench/counters", timeout=5) as r:
             return json.loads(r.read())
     except Exception:
         return {}
@@ -351,7 +351,7 @@ def epoch(job: dict, local: str, shuffle: bool, workers: int, memory: TreeMemory
         "epoch_s": t_end - t0, "ttfs_s": (t_first - t0) if t_first else None,
         "check": "ok" if not problems else "; ".join(problems),
         "server_bytes": (c1.get("bytes_sent", 0) - c0.get("bytes_sent", 0)) if c0 and c1 else None,
-        "server_gets": (c1.get("get_requests", 0) - c0.get("get_requests", 0)) if c0 and c1 else None,
+        "server_gets": (c1["get_requests"] - c0["get_requests"]) if c0.get("get_requests") is not None and c1.get("get_requests") is not None else None,
     }
 
 

@@ -53,18 +53,44 @@ class Profile:
         return self.sample_bytes * self.samples
 
 
-def profiles(smoke: bool) -> list[Profile]:
-    if smoke:
+# The dataset scales of the one command. "quick" (5 to 100 MB) is fast but hides per-epoch and
+# cache effects; "realistic" is what users train on: about 2 GB per profile in ~64 MB shards
+# (the 100 B profile is 100 MB: a million samples is what matters there, not the bytes).
+SCALES = ("smoke", "quick", "realistic")
+
+
+def profiles(scale: "str | bool") -> list[Profile]:
+    if scale is True or scale == "smoke":
         return [
             Profile("100B", 100, 2_000, 64 << 10),
             Profile("10KB", 10_000, 120, 256 << 10),
             Profile("1MB", 1_000_000, 6, 2 << 20),
         ]
-    return [
-        Profile("100B", 100, 50_000, 512 << 10),
-        Profile("10KB", 10_000, 5_000, 4 << 20),
-        Profile("1MB", 1_000_000, 100, 8 << 20),
-    ]
+    if scale is False or scale == "quick":
+        return [
+            Profile("100B", 100, 50_000, 512 << 10),
+            Profile("10KB", 10_000, 5_000, 4 << 20),
+            Profile("1MB", 1_000_000, 100, 8 << 20),
+        ]
+    if scale == "realistic":
+        return [
+            Profile("100B", 100, 1_000_000, 64 << 20),
+            Profile("10KB", 10_000, 200_000, 64 << 20),
+            Profile("1MB", 1_000_000, 2_000, 64 << 20),
+        ]
+    raise ValueError(f"unknown dataset scale {scale!r}: one of {', '.join(SCALES)}")
+
+
+def selected(scale: str, names: str = "") -> list[Profile]:
+    """The scale's profiles, restricted to the comma-separated `names` when given."""
+    ps = profiles(scale)
+    if not names:
+        return ps
+    want = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = sorted(set(want) - {p.name for p in ps})
+    if unknown:
+        raise ValueError(f"unknown profile(s) {', '.join(unknown)}: one of {', '.join(p.name for p in ps)}")
+    return [p for p in ps if p.name in want]
 
 
 def _write_mds(p: Profile, out: Path) -> None:
@@ -155,9 +181,11 @@ def upload(s3, bucket: str, local: Path, prefix: str) -> int:
 
 
 if __name__ == "__main__":
-    # `python datasets.py WORK SMOKE(0|1)`: builds every profile (a script, so that litdata's
-    # spawned optimize workers can import their main module).
+    # `python datasets.py WORK SCALE [PROFILES]`: builds every profile of the scale (a script, so
+    # that litdata's spawned optimize workers can import their main module). SCALE may also be
+    # "1" (smoke) or "0" (quick), as older callers pass it.
     import sys
 
-    for prof in profiles(sys.argv[2] == "1"):
+    scale = {"1": "smoke", "0": "quick"}.get(sys.argv[2], sys.argv[2])
+    for prof in selected(scale, sys.argv[3] if len(sys.argv) > 3 else ""):
         build(Path(sys.argv[1]), prof)

@@ -1,11 +1,15 @@
 """A local S3 server for the benchmarks: moto's own WSGI app, served on 127.0.0.1, with a thin
 middleware that counts the requests and the response bytes it serves.
 
-Why moto and not s3s-fs: moto is already in the test venv (tests/requirements.txt), so the one
-command needs no extra Rust binary install; its Python server is slower than s3s-fs, so every
-client hits the same ceiling, and the report shows that ceiling (raw parallel GET/PUT with boto3)
-next to each figure. The counters give the download amplification of every system the same way
-(bytes the server sent / bytes of the dataset), without trusting each client's own accounting.
+Two servers, chosen with `benches/run.py --server`:
+- moto (default): already in the test venv; its Python server (~1 GB/s, whole-object range reads)
+  bounds every client, and the report shows that ceiling next to each figure;
+- s3s-fs (a Rust S3 server from crates.io, objects as files; `cargo install s3s-fs`): several times
+  faster, so the clients' own limits show. Its binary is found through `SHARDSTREAM_S3S_FS` or PATH.
+The counters give the download amplification of every system the same way (bytes the server sent /
+bytes of the dataset), without trusting each client's own accounting: moto counts in a WSGI
+middleware; for s3s-fs a side server reports the bytes the server process wrote (`wchar` of
+/proc/PID/io: its sockets, as nothing is uploaded while an epoch is measured), so no proxy slows it.
 
 Run as a script: `python s3server.py PORT`. `GET /_bench/counters` returns the counters as JSON;
 `POST /_bench/reset` zeroes them. Every other request goes to moto untouched.
@@ -85,6 +89,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_until(ok, proc, deadline_s: float, what: str, stop) -> None:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            ok()
+            return
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop()
+                raise RuntimeError(f"{what} did not start")
+            time.sleep(0.1)
+
+
 class S3Server:
     """The counting moto server as a child process on a free 127.0.0.1 port (a context manager)."""
 
@@ -135,8 +152,14 @@ class S3Server:
             config=Config(max_pool_connections=32, retries={"max_attempts": 3}),
         )
 
+    name = "moto"
+
+    @property
+    def counters_url(self) -> str:
+        return self.endpoint + "/_bench/counters"
+
     def counters(self) -> dict:
-        with urllib.request.urlopen(self.endpoint + "/_bench/counters", timeout=5) as r:
+        with urllib.request.urlopen(self.counters_url, timeout=5) as r:
             return json.loads(r.read())
 
     def reset(self) -> None:
@@ -156,6 +179,94 @@ class S3Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class S3sFsServer(S3Server):
+    """s3s-fs on a free 127.0.0.1 port over a folder of `root`, plus a side HTTP server on another
+    port whose `/_bench/counters` reports the bytes the s3s-fs process wrote since the last reset."""
+
+    name = "s3s-fs"
+
+    def __init__(self, root: Path, binary: str | None = None) -> None:
+        import http.server
+
+        exe = binary or os.environ.get("SHARDSTREAM_S3S_FS") or shutil_which("s3s-fs")
+        if not exe:
+            raise RuntimeError("s3s-fs not found: `cargo install s3s-fs --locked` or set SHARDSTREAM_S3S_FS")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "--host", "127.0.0.1", "--port", str(self.port), "--access-key", "bench", "--secret-key", "bench",
+             str(self.root)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._base = 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                body = json.dumps(server._counters()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                server._base = server._wchar()
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._side = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._side_url = f"http://127.0.0.1:{self._side.server_address[1]}"
+        threading.Thread(target=self._side.serve_forever, daemon=True).start()
+        _wait_until(lambda: self.client().list_buckets(), self.proc, 30, f"s3s-fs on {self.endpoint}", self.stop)
+
+    def _wchar(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+        return 0
+
+    def _counters(self) -> dict:
+        return {"bytes_sent": self._wchar() - self._base, "requests": None, "get_requests": None,
+                "put_requests": None, "bytes_received": None}
+
+    @property
+    def counters_url(self) -> str:
+        return self._side_url + "/_bench/counters"
+
+    def counters(self) -> dict:
+        return self._counters()
+
+    def reset(self) -> None:
+        self._base = self._wchar()
+
+    def stop(self) -> None:
+        side = getattr(self, "_side", None)
+        if side is not None:
+            side.shutdown()
+        super().stop()
+
+
+def shutil_which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)
+
+
+def start(kind: str, work: Path, python: str = sys.executable) -> S3Server:
+    """The benchmark's S3 server: `moto` or `s3s-fs` (its objects under work/s3s-fs)."""
+    if kind == "moto":
+        return S3Server(python)
+    if kind == "s3s-fs":
+        return S3sFsServer(work / "s3s-fs")
+    raise ValueError(f"unknown S3 server {kind!r}: moto or s3s-fs")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def run_python(loaders: list[PythonLoader], ctx: Ctx, profiles: list) -> tuple[l
                              "configs": ctx.configs(profile.name, "warm" if temperature == "memory" else temperature)})
     scratch = ctx.work / "scratch" / "consume"
     shutil.rmtree(scratch, ignore_errors=True)
-    spec = {"endpoint": ctx.server.endpoint, "batch_size": ctx.batch_size, "runs": ctx.runs, "scratch": str(scratch),
+    spec = {"endpoint": ctx.server.endpoint, "counters_url": ctx.server.counters_url, "batch_size": ctx.batch_size, "runs": ctx.runs, "scratch": str(scratch),
             "jobs": jobs}
     env = dict(ctx.server.env)
     env["SHARDSTREAM_RUN_ID"] = "bench"
