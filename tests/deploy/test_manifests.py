@@ -157,7 +157,8 @@ def lint_errors(objs: list[dict]) -> str:
 def test_lint_bidirectional_needs_privileged(rendered):
     objs = copy.deepcopy(rendered["fuse-sidecar"])
     job = next(o for o in objs if o["kind"] == "Job")
-    job["spec"]["template"]["spec"]["initContainers"][0]["securityContext"]["privileged"] = False
+    sidecar = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "shardstream-mount")
+    sidecar["securityContext"]["privileged"] = False
     assert "needs privileged: true" in lint_errors(objs)
 
 
@@ -306,7 +307,7 @@ def test_airflow_example_is_indexed_and_wires_the_run_id():
 
 
 def test_dockerfile_installs_what_the_manifests_run():
-    text = (dc.DEPLOY / "Dockerfile").read_text()
+    text = (dc.DEPLOY / "Dockerfile").read_text() + (dc.DEPLOY / "image/install.sh").read_text()
     # The shipped profile (Cargo.toml's `dist`: release code, no debug information).
     assert "cargo build --profile dist --locked -p shardstream-cli" in text
     assert "install -D target/dist/shardstream /out/bin/shardstream" in text
@@ -318,6 +319,22 @@ def test_dockerfile_installs_what_the_manifests_run():
     assert pyproject["tool"]["maturin"]["profile"] == "dist"
     assert "/usr/local/bin/shardstream" in text
     assert "fuse3" in text and "util-linux" in text  # fusermount3, and `mountpoint` for the probe
+    # The sidecar's --allow-other, and an init as PID 1 (the manifests name it in `command:`).
+    assert "user_allow_other" in text and "/etc/fuse.conf" in text
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in text and " tini " in text
+    # Both targets, the trainer on a configurable base with torch, both through install.sh.
+    docker = (dc.DEPLOY / "Dockerfile").read_text()
+    assert "ARG BASE=" in docker and "FROM ${BASE} AS trainer" in docker and "AS runtime" in docker
+    assert docker.count("source=deploy/image/install.sh") == 2
+    assert 'python -c "import torch"' in docker
+
+
+def test_build_image_script_uses_the_dockerfiles_install_step():
+    # scripts/build-image.sh proves the image with the same install step as the Dockerfile.
+    script = (dc.DEPLOY.parent / "scripts/build-image.sh").read_text()
+    assert "deploy/image/install.sh" in script and "--isolation chroot" in script
+    assert "shardstream --version" in script and "import shardstream, torch" in script
+    assert "deploy/base/train.py" in script  # the overlays' training script, run in the image
 
 
 def test_the_alert_rules_are_valid_promql(rendered, tmp_path):
@@ -342,3 +359,114 @@ def test_the_alert_rules_are_valid_promql(rendered, tmp_path):
     path.write_text(yaml.safe_dump({"groups": broken}))
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode != 0
+
+
+# --- images, Pod Security, the cache folder's owner -------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS))
+def test_every_container_names_a_configured_image(rendered, overlay):
+    configured = dc.configured_images(dc.OVERLAYS_DIR / overlay)
+    assert dc.image_errors(rendered[overlay], configured) == []
+    for pt in dc.pod_templates(rendered[overlay]):
+        for c in dc.all_containers(pt.template["spec"]):
+            # A registry and a tag: never the bare placeholder name.
+            assert "/" in c["image"] and ":" in c["image"], (pt.where, c["name"], c["image"])
+
+
+def test_image_check_catches_a_patch_that_escapes_the_rewrite(tmp_path):
+    # The fuse-sidecar bug: an overlay whose patch adds a container on top of ../indexed-job,
+    # without an `images:` of its own, renders `image: shardstream` for it.
+    for f in ("kustomization.yaml", "mount-sidecar.yaml"):
+        (tmp_path / f).write_text((dc.OVERLAYS_DIR / "fuse-sidecar" / f).read_text())
+    kust = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
+    kust["resources"] = [os.path.relpath(dc.OVERLAYS_DIR / "indexed-job", tmp_path)]
+    del kust["images"]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    errors = dc.image_errors(dc.render(tmp_path), dc.configured_images(tmp_path))
+    assert len(errors) == 1 and "shardstream-mount: image 'shardstream' is not one of" in errors[0], errors
+
+
+def test_training_runs_in_the_trainer_image_with_its_script(rendered):
+    for overlay in ("indexed-job", "jobset", "pytorchjob", "pytorchjob-elastic", "trainjob", "fuse-sidecar"):
+        for pt in dc.pod_templates(rendered[overlay]):
+            spec = pt.template["spec"]
+            for c in spec["containers"]:
+                if "/workspace/train.py" in dc.argv(c):
+                    assert dc.image_name(c["image"]) == "shardstream-trainer", pt.where
+                    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/workspace/train.py")
+                    vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+                    assert vol["configMap"]["name"] == "shardstream-train"
+    # The ConfigMap exists with the base's script in it.
+    cm = next(o for o in rendered["indexed-job"] if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "shardstream-train")
+    assert cm["data"]["train.py"] == (dc.DEPLOY / "base/train.py").read_text()
+    # And the lint refuses torchrun in the runtime image.
+    objs = copy.deepcopy(rendered["indexed-job"])
+    trainer(next(o for o in objs if o["kind"] == "Job"))["image"] = "registry.example.com/ml/shardstream:0.1.0"
+    assert "which has no torch: use the shardstream-trainer image" in lint_errors(objs)
+
+
+def test_lint_run_needs_the_init(rendered):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    c = trainer(next(o for o in objs if o["kind"] == "Job"))
+    c["command"] = c["command"][2:]
+    assert "must run under the image's init" in lint_errors(objs)
+
+
+def test_lint_cache_folder_is_made_by_an_init_container(rendered):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    spec = next(o for o in objs if o["kind"] == "Job")["spec"]["template"]["spec"]
+    spec["initContainers"] = [c for c in spec["initContainers"] if c["name"] != "prepare-cache"]
+    assert "no init container before it creates the cache folder" in lint_errors(objs)
+    # In the FUSE overlay it must come before the sidecar, which mounts the folder too.
+    objs = copy.deepcopy(rendered["fuse-sidecar"])
+    spec = next(o for o in objs if o["kind"] == "Job")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["prepare-cache", "shardstream-mount"]
+    spec["initContainers"].reverse()
+    assert "Job/train/shardstream-mount: no init container before it" in lint_errors(objs)
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS))
+def test_every_container_meets_restricted_pod_security(rendered, overlay):
+    assert dc.restricted_errors(rendered[overlay], overlay) == []
+
+
+def test_restricted_exceptions_are_the_documented_ones(rendered):
+    doc = (dc.DEPLOY.parent / "docs/deploy.md").read_text()
+    for (overlay, container), _why in dc.RESTRICTED_EXCEPTIONS.items():
+        assert f"`{container}` in `{overlay}`" in doc, (overlay, container)
+        # And each exception is real: without it the check fails.
+        assert dc.restricted_errors(rendered[overlay], None), overlay
+
+
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        (lambda c, s: c["securityContext"].pop("allowPrivilegeEscalation"), "allowPrivilegeEscalation must be false"),
+        (lambda c, s: c["securityContext"]["capabilities"].update(drop=["NET_RAW"]), "capabilities must drop ALL"),
+        (lambda c, s: c["securityContext"]["capabilities"].update(add=["SYS_PTRACE"]), "adds capabilities"),
+        (lambda c, s: s["securityContext"].pop("runAsNonRoot"), "runAsNonRoot must be true"),
+        (lambda c, s: c["securityContext"].update(runAsUser=0), "runAsUser 0"),
+        (lambda c, s: s["securityContext"].pop("seccompProfile"), "seccompProfile must be RuntimeDefault"),
+        (lambda c, s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "type hostPath is not allowed"),
+    ],
+)
+def test_restricted_check_catches(rendered, change, expect):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    job = next(o for o in objs if o["kind"] == "Job")
+    change(trainer(job), job["spec"]["template"]["spec"])
+    assert any(expect in e for e in dc.restricted_errors(objs, "indexed-job")), dc.restricted_errors(objs, "indexed-job")
+
+
+def test_fuse_sidecar_serves_other_uids_and_is_probed(rendered):
+    job = one(rendered["fuse-sidecar"], "Job")
+    spec = job["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "shardstream-mount")
+    assert "--allow-other" in sidecar["command"]
+    assert sidecar["restartPolicy"] == "Always"
+    probe = " ".join(sidecar["livenessProbe"]["exec"]["command"])
+    assert "/mnt/dataset" in probe and sidecar["livenessProbe"]["timeoutSeconds"] >= 1
+    [mount] = [m for m in sidecar["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
+    assert mount["mountPropagation"] == "Bidirectional" and sidecar["securityContext"]["privileged"]
+    [tmount] = [m for m in trainer(job)["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
+    assert tmount["mountPropagation"] == "HostToContainer"

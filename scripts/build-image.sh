@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Builds the shardstream images (deploy/Dockerfile's `runtime` and `trainer` targets) without a
+# Docker engine or a registry, and smoke-tests them: buildah with `--isolation chroot`, on a
+# minimal Debian bookworm made by debootstrap from the host's Debian mirror, with the artifacts
+# built on this host. Run as root. Not part of CI (several minutes, and gigabytes for torch).
+#
+#   scripts/build-image.sh [runtime|trainer|both|base]      (default: both; base: only the base)
+#
+# Artifacts (built here unless given):
+#   SHARDSTREAM_BIN  the CLI binary        (default: `cargo build --profile dist -p shardstream-cli`)
+#   SHARDSTREAM_WHEEL the Python wheel      (default: `maturin build --profile dist`; an abi3 wheel
+#                    from scripts/build-wheel.sh where that exists)
+# Caches outside the repository (IMAGE_CACHE, default /var/cache/shardstream-image): the
+# debootstrap tarball and the base image `localhost/shardstream-debian:bookworm` are kept; the
+# images built here are removed at the end unless KEEP_IMAGES=1 (disk is shared). TORCH_SPEC
+# (default: torch==<the version tests/requirements.txt pins>) is what the trainer installs
+# from PyPI inside the image, through the host's pip cache.
+#
+# Each stage is timed; the images' sizes and the smoke output are printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+which=${1:-both}
+cache=${IMAGE_CACHE:-/var/cache/shardstream-image}
+base_image=localhost/shardstream-debian:bookworm
+mkdir -p "$cache"
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+# --- tools --------------------------------------------------------------------------------------
+if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
+  stamp "installing buildah and debootstrap"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq buildah debootstrap >/dev/null
+fi
+bah() { buildah --quiet "$@"; }
+run_in() { local ctr=$1; shift; buildah run --isolation chroot "$ctr" -- "$@"; }
+
+# --- artifacts ----------------------------------------------------------------------------------
+art=$(mktemp -d "$cache/artifacts.XXXXXX")
+containers=()
+cleanup() {
+  for c in "${containers[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
+  rm -rf "$art"
+}
+trap cleanup EXIT
+mkdir -p "$art/bin" "$art/wheels"
+
+# --- the base: minimal Debian with Python 3.11 in a venv (what python:3.11-slim gives) ----------
+if ! buildah inspect --type image "$base_image" >/dev/null 2>&1; then
+  tarball=$cache/debian-bookworm-minbase.tar
+  if [ ! -f "$tarball" ]; then
+    # The host's own Debian mirror (the first URI of its apt sources).
+    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    mirror=${mirror:-$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list)}
+    stamp "debootstrap bookworm (minbase) from $mirror"
+    root=$(mktemp -d "$cache/rootfs.XXXXXX")
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root" "$mirror" >"$cache/debootstrap.log"
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+  fi
+  stamp "importing the base image"
+  ctr=$(bah from scratch); containers+=("$ctr")
+  mnt=$(buildah mount "$ctr")
+  tar -C "$mnt" -xf "$tarball"
+  cp /etc/apt/sources.list.d/debian.sources "$mnt/etc/apt/sources.list.d/" 2>/dev/null || true
+  buildah umount "$ctr" >/dev/null
+  run_in "$ctr" python3 -m venv /opt/python
+  bah config --env PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
+  bah commit --rm "$ctr" "$base_image" >/dev/null
+  containers=("${containers[@]/$ctr}")
+fi
+
+[ "$which" = base ] && exit 0
+
+# --- artifacts ----------------------------------------------------------------------------------
+if [ -z "${SHARDSTREAM_BIN:-}" ]; then
+  stamp "building the CLI (dist profile)"
+  cargo build --profile dist --locked -q -p shardstream-cli
+  SHARDSTREAM_BIN=${CARGO_TARGET_DIR:-target}/dist/shardstream
+fi
+if [ -z "${SHARDSTREAM_WHEEL:-}" ]; then
+  if [ -x scripts/build-wheel.sh ]; then
+    stamp "building the wheel (scripts/build-wheel.sh)"
+    bash scripts/build-wheel.sh "$art/wheels"
+  else
+    stamp "building the wheel (maturin, dist profile)"
+    maturin build --profile dist --locked -m pyo3-bindings/Cargo.toml -o "$art/wheels"
+  fi
+else
+  cp "$SHARDSTREAM_WHEEL" "$art/wheels/"
+fi
+cp "$SHARDSTREAM_BIN" "$art/bin/shardstream"
+echo "binary: $(du -h "$art/bin/shardstream" | cut -f1); wheel: $(ls "$art/wheels")"
+
+# --- the images ---------------------------------------------------------------------------------
+torch_spec=${TORCH_SPEC:-$(grep -m1 '^torch==' tests/requirements.txt || echo torch)}
+build() {  # build VARIANT -> image name on stdout's last line
+  local variant=$1 ctr
+  ctr=$(bah from "$base_image"); containers+=("$ctr")
+  bah copy "$ctr" "$art" /tmp/shardstream
+  bah copy "$ctr" deploy/image/install.sh /tmp/install.sh
+  run_in "$ctr" sh /tmp/install.sh /tmp/shardstream >"$cache/install-$variant.log" 2>&1 \
+    || { tail -20 "$cache/install-$variant.log"; return 1; }
+  if [ "$variant" = trainer ]; then
+    # torch from PyPI, through the host's pip cache (its CUDA wheels also run on CPU).
+    buildah run --isolation chroot -v "${PIP_CACHE_DIR:-$HOME/.cache/pip}:/root/.cache/pip" "$ctr" -- \
+      sh -c "python -c 'import torch' 2>/dev/null || python -m pip install -q '$torch_spec'" >>"$cache/install-$variant.log" 2>&1 \
+      || { tail -20 "$cache/install-$variant.log"; return 1; }
+  fi
+  run_in "$ctr" rm -rf /tmp/shardstream /tmp/install.sh
+  bah config --user 1000 --workingdir /workspace --entrypoint '["/usr/bin/tini", "--"]' --cmd '["shardstream", "--help"]' "$ctr"
+  bah commit --rm "$ctr" "localhost/shardstream-$variant:dev" >/dev/null
+  containers=("${containers[@]/$ctr}")
+}
+
+smoke() {  # smoke VARIANT
+  local variant=$1 ctr
+  ctr=$(bah from "localhost/shardstream-$variant:dev"); containers+=("$ctr")
+  bah copy --chown 1000:1000 "$ctr" scripts/demo_data.py /workspace/
+  bah copy --chown 1000:1000 "$ctr" deploy/base/train.py /workspace/
+  echo "--- $variant: shardstream --version"
+  run_in "$ctr" shardstream --version
+  echo "--- $variant: fuse.conf, tini, uid"
+  run_in "$ctr" sh -c 'grep -x user_allow_other /etc/fuse.conf && tini --version && id'
+  if [ "$variant" = trainer ]; then
+    echo "--- trainer: import shardstream, torch"
+    run_in "$ctr" python -c "import shardstream, torch; print('shardstream', shardstream.__file__, 'torch', torch.__version__)"
+    # The overlays' own command and script (deploy/base/train.py at /workspace/train.py), on
+    # one node with two workers, as uid 1000.
+    echo "--- trainer: shard -> stream -> train (torchrun, 2 workers) -> checkpoint, as uid 1000"
+    run_in "$ctr" sh -ec '
+      cd /workspace
+      mkdir -p raw
+      python demo_data.py raw --images 0 --records 2000
+      shardstream shard raw/records.jsonl bucket/records --shard-size 64KiB
+      shardstream verify bucket/records
+      export SHARDSTREAM_CACHE_ROOT=/workspace/cache SHARDSTREAM_RUN_ID=smoke SHARDSTREAM_NODE_RANK=0
+      export SHARDSTREAM_DATASET=/workspace/bucket/records CHECKPOINT_ROOT=/workspace/bucket/ckpt STEPS=20
+      shardstream stream bucket/records --memory-limit 64MiB
+      tini -- shardstream run -- torchrun --nnodes=1 --nproc-per-node=2 /workspace/train.py
+      shardstream ckpt ls bucket/ckpt
+      shardstream ckpt verify bucket/ckpt'
+  else
+    run_in "$ctr" python -c "import shardstream; print('shardstream', shardstream.__file__)"
+  fi
+  buildah rm "$ctr" >/dev/null
+  containers=("${containers[@]/$ctr}")
+}
+
+variants=(runtime trainer)
+[ "$which" = both ] || variants=("$which")
+for v in "${variants[@]}"; do
+  stamp "building $v"
+  build "$v"
+  stamp "smoke-testing $v"
+  smoke "$v"
+done
+stamp "done"
+echo "images:"
+buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'shardstream-(debian|runtime|trainer)' || true
+if [ "${KEEP_IMAGES:-0}" != 1 ]; then
+  for v in "${variants[@]}"; do buildah rmi "localhost/shardstream-$v:dev" >/dev/null; done
+  echo "removed the built images (KEEP_IMAGES=1 keeps them); the base stays cached in $base_image"
+fi
