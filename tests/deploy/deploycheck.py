@@ -47,6 +47,7 @@ OWNER_LABEL = {
     # A TrainJob's pods belong to the JobSet the Trainer makes, named after the TrainJob.
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "jobset.sigs.k8s.io/jobset-name",
     ("kubeflow.org/v1", "PyTorchJob"): "training.kubeflow.org/job-name",
+    ("kubeflow.org/v2beta1", "MPIJob"): "training.kubeflow.org/job-name",
 }
 
 # Metric names the dashboard may use: DESIGN.md §4 and the counters the crates export
@@ -334,9 +335,11 @@ def lint(objs: list[dict], versions: tuple[str, ...] = K8S_VERSIONS) -> list[str
             errors += _lint_jobset_network(pt)
     for svc_name, svc in services.items():
         if svc.get("spec", {}).get("clusterIP") == "None" and not any(
-            pt.template.get("spec", {}).get("subdomain") == svc_name for pt in pod_templates(objs)
+            pt.template.get("spec", {}).get("subdomain") == svc_name
+            or (pt.owner.get("kind") == "StatefulSet" and pt.owner["spec"].get("serviceName") == svc_name)
+            for pt in pod_templates(objs)
         ):
-            errors.append(f"Service/{svc_name}: headless Service that no pod template uses as its subdomain")
+            errors.append(f"Service/{svc_name}: headless Service that no pod template uses as its subdomain (or StatefulSet serviceName)")
     return errors
 
 
@@ -426,6 +429,8 @@ def _lint_cache_prepared(where: str, c: dict, spec: dict) -> list[str]:
 
 
 TRAINER_IMAGE = "shardstream-trainer"
+# Images built FROM the trainer (deploy/Dockerfile): torch and /workspace too.
+TRAINER_IMAGES = {TRAINER_IMAGE, "shardstream-mpi"}
 
 
 def image_name(image: str) -> str:
@@ -437,7 +442,7 @@ def _lint_trainer_image(where: str, c: dict) -> list[str]:
     """torchrun, deepspeed and train.py need the trainer image (torch, /workspace)."""
     a = argv(c)
     trains = any(x in ("torchrun", "deepspeed") or x.endswith("/train.py") for x in a) or "torchrun" in " ".join(a)
-    if trains and image_name(c.get("image", "")) != TRAINER_IMAGE:
+    if trains and image_name(c.get("image", "")) not in TRAINER_IMAGES:
         return [f"{where}: runs training in {c.get('image')!r}, which has no torch: use the {TRAINER_IMAGE} image"]
     return []
 

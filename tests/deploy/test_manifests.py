@@ -30,6 +30,8 @@ EXPECTED_OVERLAYS = {
     "fuse-device-plugin",
     "monitoring",
     "cache-gc",
+    "mpijob",
+    "statefulset-mpi",
 }
 
 
@@ -88,6 +90,7 @@ def test_every_custom_resource_has_a_vendored_schema_with_a_source():
         "trainer.kubeflow.org/v1alpha1/TrainingRuntime",
         "kueue.x-k8s.io/v1beta1/LocalQueue",
         "monitoring.coreos.com/v1/PodMonitor",
+        "kubeflow.org/v2beta1/MPIJob",
     ):
         assert key in kinds
     readme = (dc.SCHEMAS_DIR / "README.md").read_text()
@@ -124,6 +127,9 @@ def test_versions_differ_where_the_api_does(rendered):
         ("jobset", "JobSet", ["spec"], "replicatedJob", [], "replicatedJob"),
         ("monitoring", "PodMonitor", ["spec"], "podMetricEndpoints", [], "podMetricEndpoints"),
         ("kueue", "LocalQueue", ["spec"], "stopPolicy", "Pause", "is not one of"),
+        ("mpijob", "MPIJob", ["spec"], "slotPerWorker", 1, "slotPerWorker"),
+        ("mpijob", "MPIJob", ["spec"], "mpiImplementation", "MVAPICH", "is not one of"),
+        ("mpijob", "MPIJob", ["spec", "mpiReplicaSpecs", "Worker"], "replica", 2, "replica"),
     ],
 )
 def test_crd_schema_catches_mistakes(rendered, overlay, kind, path, key, value, expect):
@@ -470,3 +476,56 @@ def test_fuse_sidecar_serves_other_uids_and_is_probed(rendered):
     assert mount["mountPropagation"] == "Bidirectional" and sidecar["securityContext"]["privileged"]
     [tmount] = [m for m in trainer(job)["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
     assert tmount["mountPropagation"] == "HostToContainer"
+
+
+# --- MPI / SSH launchers ----------------------------------------------------------------------
+
+
+def _mpi_parts(objs: list[dict]) -> tuple[dict, dict, str, int]:
+    """(launcher container, worker pod template, the launcher's shell text, worker count)."""
+    pts = list(dc.pod_templates(objs))
+    mpijob = next((o for o in objs if o["kind"] == "MPIJob"), None)
+    if mpijob:
+        launcher = next(p for p in pts if p.where.endswith("/Launcher")).template["spec"]["containers"][0]
+        worker = next(p for p in pts if p.where.endswith("/Worker")).template
+        count = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    else:
+        launcher = next(p for p in pts if p.owner["kind"] == "Job").template["spec"]["containers"][0]
+        sts = next(p for p in pts if p.owner["kind"] == "StatefulSet")
+        worker, count = sts.template, sts.owner["spec"]["replicas"]
+    return launcher, worker, " ".join(dc.argv(launcher)), count
+
+
+@pytest.mark.parametrize("overlay,worker0", [("mpijob", "mpi-train-worker-0.mpi-train"), ("statefulset-mpi", "ds-worker-0.ds-worker")])
+def test_mpi_launchers_give_each_node_its_run_id_and_rank(rendered, overlay, worker0):
+    launcher, worker, text, count = _mpi_parts(rendered[overlay])
+    # SSH sessions get no pod environment: the run id travels with mpirun -x, the node rank is
+    # the worker's ordinal from its host name, and `shardstream run` wraps each node's torchrun.
+    assert "-x SHARDSTREAM_RUN_ID" in text and "SHARDSTREAM_CACHE_DIR=/var/cache/shardstream/node" in text
+    assert 'rank=${rank##*-}' in text and 'shardstream run --node-rank "$rank" -- torchrun' in text
+    assert f"--nnodes={count}" in text and f"--master-addr={worker0}" in text
+    assert ("-np \"$n\"" in text and f"n={count}" in text) or f"-np {count}" in text
+    assert "--map-by ppr:1:node" in text
+    # The run id on the launcher and the workers comes from the same place.
+    wc = worker["spec"]["containers"][0]
+    assert dc.env_of(launcher)["SHARDSTREAM_RUN_ID"]["valueFrom"] == dc.env_of(wc)["SHARDSTREAM_RUN_ID"]["valueFrom"]
+    # The worker's cache folder is keyed by the same node rank as the host name's ordinal.
+    rank = dc.env_of(wc)["SHARDSTREAM_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert rank in ("metadata.labels['training.kubeflow.org/replica-index']", "metadata.labels['apps.kubernetes.io/pod-index']")
+    cache = next(m for m in wc["volumeMounts"] if m["name"] == "cache")
+    assert cache["subPathExpr"] == "$(SHARDSTREAM_RUN_ID)/$(SHARDSTREAM_NODE_RANK)"
+    assert worker["spec"]["initContainers"][0]["name"] == "prepare-cache"
+    assert worker["metadata"]["labels"]["app.kubernetes.io/name"] == "shardstream"  # scraped
+    assert any(p["name"] == "metrics" for p in wc["ports"])
+
+
+def test_statefulset_serves_dns_names_through_its_headless_service(rendered):
+    objs = rendered["statefulset-mpi"]
+    sts = one(objs, "StatefulSet")
+    svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    objs = copy.deepcopy(objs)
+    one_sts = next(o for o in objs if o["kind"] == "StatefulSet")
+    one_sts["spec"]["serviceName"] = "other"
+    assert "headless Service that no pod template uses" in lint_errors(objs)
