@@ -14,7 +14,8 @@
 # debootstrap tarball and the base image `localhost/shardstream-debian:bookworm` are kept; the
 # images built here are removed at the end unless KEEP_IMAGES=1 (disk is shared). TORCH_SPEC
 # (default: torch==<the version tests/requirements.txt pins>) is what the trainer installs
-# from PyPI inside the image, through the host's pip cache.
+# from PyPI inside the image (about 4 GB with its CUDA libraries); TORCH_FROM_VENV=DIR copies
+# torch and its requirements from that venv instead (same Python minor version: 3.11).
 #
 # Each stage is timed; the images' sizes and the smoke output are printed at the end.
 set -euo pipefail
@@ -34,8 +35,13 @@ if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq buildah debootstrap >/dev/null
 fi
-bah() { buildah --quiet "$@"; }
+bah() { local cmd=$1; shift; case $cmd in from|copy|commit) buildah "$cmd" --quiet "$@" ;; *) buildah "$cmd" "$@" ;; esac; }
 run_in() { local ctr=$1; shift; buildah run --isolation chroot "$ctr" -- "$@"; }
+# Downloads inside the build (pip) trust what the host trusts (a TLS-inspecting proxy's CA, say):
+# the host's CA bundle is mounted for those steps only, never copied into the image.
+host_ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+fetch_in() { local ctr=$1; shift; buildah run --isolation chroot -v "$host_ca:/etc/ssl/host-ca.crt:ro" \
+  --env PIP_CERT=/etc/ssl/host-ca.crt --env SSL_CERT_FILE=/etc/ssl/host-ca.crt "$ctr" -- "$@"; }
 
 # --- artifacts ----------------------------------------------------------------------------------
 art=$(mktemp -d "$cache/artifacts.XXXXXX")
@@ -102,13 +108,40 @@ build() {  # build VARIANT -> image name on stdout's last line
   ctr=$(bah from "$base_image"); containers+=("$ctr")
   bah copy "$ctr" "$art" /tmp/shardstream
   bah copy "$ctr" deploy/image/install.sh /tmp/install.sh
-  run_in "$ctr" sh /tmp/install.sh /tmp/shardstream >"$cache/install-$variant.log" 2>&1 \
+  fetch_in "$ctr" sh /tmp/install.sh /tmp/shardstream >"$cache/install-$variant.log" 2>&1 \
     || { tail -20 "$cache/install-$variant.log"; return 1; }
-  if [ "$variant" = trainer ]; then
-    # torch from PyPI, through the host's pip cache (its CUDA wheels also run on CPU).
-    buildah run --isolation chroot -v "${PIP_CACHE_DIR:-$HOME/.cache/pip}:/root/.cache/pip" "$ctr" -- \
-      sh -c "python -c 'import torch' 2>/dev/null || python -m pip install -q '$torch_spec'" >>"$cache/install-$variant.log" 2>&1 \
-      || { tail -20 "$cache/install-$variant.log"; return 1; }
+  if [ "$variant" = trainer ] && [ -n "${TORCH_FROM_VENV:-}" ]; then
+    # torch and every distribution it requires, copied from a host venv of the same Python
+    # minor version (what a PyTorch BASE brings; no 4 GB download).
+    local site mnt
+    site=$("$TORCH_FROM_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$TORCH_FROM_VENV/bin/python" - >"$art/torch-files" <<'PY'
+import importlib.metadata as md
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
+seen, todo, tops = set(), ["torch"], set()
+while todo:
+    name = canon(todo.pop())
+    if name in seen:
+        continue
+    seen.add(name)
+    dist = md.distribution(name)
+    for r in dist.requires or []:
+        req = Requirement(r)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            todo.append(req.name)
+    tops.update(f.parts[0] for f in dist.files or [] if f.parts[0] != "..")
+print("\n".join(sorted(tops)))
+PY
+    mnt=$(buildah mount "$ctr")
+    tar -C "$site" -cf - -T "$art/torch-files" | tar -C "$mnt/opt/python/lib/python3.11/site-packages" -xf -
+    buildah umount "$ctr" >/dev/null
+    echo "torch copied from $TORCH_FROM_VENV ($(wc -l <"$art/torch-files") top-level entries)"
+  elif [ "$variant" = trainer ]; then
+    # torch from PyPI (its CUDA wheels also run on CPU), as the Dockerfile does on a BASE
+    # without torch.
+    fetch_in "$ctr" sh -c "python -c 'import torch' 2>/dev/null || python -m pip install --no-cache-dir -q '$torch_spec'" \
+      >>"$cache/install-$variant.log" 2>&1 || { tail -20 "$cache/install-$variant.log"; return 1; }
   fi
   run_in "$ctr" rm -rf /tmp/shardstream /tmp/install.sh
   bah config --user 1000 --workingdir /workspace --entrypoint '["/usr/bin/tini", "--"]' --cmd '["shardstream", "--help"]' "$ctr"

@@ -216,6 +216,8 @@ with DAG(
         ],
         # The Service's name as the pods' subdomain gives them DNS names.
         full_pod_spec=k8s.V1Pod(spec=k8s.V1PodSpec(subdomain=SERVICE, containers=[])),
+        # The cloud identity (docs/deploy.md, "Credentials").
+        service_account_name="shardstream",
         termination_grace_period=45,
     )
 

@@ -529,3 +529,47 @@ def test_statefulset_serves_dns_names_through_its_headless_service(rendered):
     one_sts = next(o for o in objs if o["kind"] == "StatefulSet")
     one_sts["spec"]["serviceName"] = "other"
     assert "headless Service that no pod template uses" in lint_errors(objs)
+
+
+def test_dashboard_queries_are_valid_promql_and_gpu_panel_joins_on_the_pod(tmp_path):
+    import shutil
+    import subprocess
+
+    dash = json.loads((dc.OVERLAYS_DIR / "monitoring/dashboards/shardstream.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    # The GPU series are the ones of the shardstream pods only, joined on the pod's labels.
+    [gpu] = [e for e in exprs if "DCGM_" in e]
+    assert "on (namespace, pod) group_left (run_id, node_rank)" in gpu and 'run_id=~"$run_id"' in gpu
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (scripts/setup-system.sh installs prometheus)"
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e.replace("$run_id", ".*")} for i, e in enumerate(exprs)
+    ]}]}
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS - {"monitoring"}))
+def test_every_pod_runs_as_the_shardstream_service_account(rendered, overlay):
+    # One ServiceAccount to bind to the cloud role (IRSA, EKS Pod Identity, GKE and Azure
+    # Workload Identity): no keys in Secrets, no Kubernetes API token mounted.
+    sa = one(rendered[overlay], "ServiceAccount")
+    assert sa["metadata"]["name"] == "shardstream" and sa["automountServiceAccountToken"] is False
+    for pt in dc.pod_templates(rendered[overlay]):
+        assert pt.template["spec"]["serviceAccountName"] == "shardstream", pt.where
+
+
+def test_credential_wiring_is_documented_for_each_cloud():
+    doc = (dc.DEPLOY.parent / "docs/deploy.md").read_text()
+    sa = (dc.DEPLOY / "base/serviceaccount.yaml").read_text()
+    for key in ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account", "azure.workload.identity/client-id"):
+        assert key in doc and key in sa, key
+    for words in ("azure.workload.identity/use", "create-pod-identity-association", "roles/iam.workloadIdentityUser",
+                  "principal://iam.googleapis.com/", "az identity federated-credential create",
+                  "system:serviceaccount:NAMESPACE:shardstream"):
+        assert words in doc, words
