@@ -12,12 +12,14 @@
 #                    from scripts/build-wheel.sh where that exists)
 # Caches outside the repository (IMAGE_CACHE, default /var/cache/shardstream-image): the
 # debootstrap tarball and the base image `localhost/shardstream-debian:bookworm` are kept; the
-# images built here are removed at the end unless KEEP_IMAGES=1 (disk is shared). TORCH_SPEC
+# images are smoke-tested in their working containers and committed (as
+# localhost/shardstream-{runtime,trainer}:dev) only with KEEP_IMAGES=1: a commit copies the
+# trainer's 6 GB once more, and disk is shared. Working containers are removed on any exit. TORCH_SPEC
 # (default: torch==<the version tests/requirements.txt pins>) is what the trainer installs
 # from PyPI inside the image (about 4 GB with its CUDA libraries); TORCH_FROM_VENV=DIR copies
 # torch and its requirements from that venv instead (same Python minor version: 3.11).
 #
-# Each stage is timed; the images' sizes and the smoke output are printed at the end.
+# Each stage is timed; each image's size and the smoke output are printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -136,6 +138,18 @@ PY
     mnt=$(buildah mount "$ctr")
     tar -C "$site" -cf - -T "$art/torch-files" | tar -C "$mnt/opt/python/lib/python3.11/site-packages" -xf -
     buildah umount "$ctr" >/dev/null
+    # Their console scripts (torchrun), as pip would write them.
+    run_in "$ctr" python - <<'PY'
+import importlib.metadata as md, os, sys
+for dist in md.distributions():
+    for ep in dist.entry_points:
+        path = os.path.join(sys.prefix, "bin", ep.name)
+        if ep.group == "console_scripts" and not os.path.exists(path):
+            mod, _, fn = ep.value.partition(":")
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable}\nimport sys\nfrom {mod} import {fn}\nsys.exit({fn}())\n")
+            os.chmod(path, 0o755)
+PY
     echo "torch copied from $TORCH_FROM_VENV ($(wc -l <"$art/torch-files") top-level entries)"
   elif [ "$variant" = trainer ]; then
     # torch from PyPI (its CUDA wheels also run on CPU), as the Dockerfile does on a BASE
@@ -145,13 +159,19 @@ PY
   fi
   run_in "$ctr" rm -rf /tmp/shardstream /tmp/install.sh
   bah config --user 1000 --workingdir /workspace --entrypoint '["/usr/bin/tini", "--"]' --cmd '["shardstream", "--help"]' "$ctr"
-  bah commit --rm "$ctr" "localhost/shardstream-$variant:dev" >/dev/null
-  containers=("${containers[@]/$ctr}")
+  mnt=$(buildah mount "$ctr")
+  echo "$variant: $(du -sxh "$mnt" | cut -f1) (the image's files, uncompressed)"
+  buildah umount "$ctr" >/dev/null
+  # Committing copies the files once more (6 GB for the trainer): only when asked to keep the
+  # image. The smoke test runs in this working container, as the image would (uid 1000).
+  if [ "${KEEP_IMAGES:-0}" = 1 ]; then
+    bah commit "$ctr" "localhost/shardstream-$variant:dev" >/dev/null
+  fi
+  work_ctr=$ctr
 }
 
-smoke() {  # smoke VARIANT
-  local variant=$1 ctr
-  ctr=$(bah from "localhost/shardstream-$variant:dev"); containers+=("$ctr")
+smoke() {  # smoke VARIANT (in the working container build left)
+  local variant=$1 ctr=$work_ctr
   bah copy --chown 1000:1000 "$ctr" scripts/demo_data.py /workspace/
   bah copy --chown 1000:1000 "$ctr" deploy/base/train.py /workspace/
   echo "--- $variant: shardstream --version"
@@ -162,7 +182,7 @@ smoke() {  # smoke VARIANT
     echo "--- trainer: import shardstream, torch"
     run_in "$ctr" python -c "import shardstream, torch; print('shardstream', shardstream.__file__, 'torch', torch.__version__)"
     # The overlays' own command and script (deploy/base/train.py at /workspace/train.py), on
-    # one node with two workers, as uid 1000.
+    # one node with two workers, as uid 1000 (tini -s: not PID 1 under `buildah run`).
     echo "--- trainer: shard -> stream -> train (torchrun, 2 workers) -> checkpoint, as uid 1000"
     run_in "$ctr" sh -ec '
       cd /workspace
@@ -173,7 +193,9 @@ smoke() {  # smoke VARIANT
       export SHARDSTREAM_CACHE_ROOT=/workspace/cache SHARDSTREAM_RUN_ID=smoke SHARDSTREAM_NODE_RANK=0
       export SHARDSTREAM_DATASET=/workspace/bucket/records CHECKPOINT_ROOT=/workspace/bucket/ckpt STEPS=20
       shardstream stream bucket/records --memory-limit 64MiB
-      tini -- shardstream run -- torchrun --nnodes=1 --nproc-per-node=2 /workspace/train.py
+      # --local-addr: the chroot has no /etc/hosts entry for the host name that torchrun
+      # would advertise to its workers (a pod has one).
+      tini -s -- shardstream run -- torchrun --nnodes=1 --nproc-per-node=2 --local-addr=127.0.0.1 /workspace/train.py
       shardstream ckpt ls bucket/ckpt
       shardstream ckpt verify bucket/ckpt'
   else
@@ -192,9 +214,7 @@ for v in "${variants[@]}"; do
   smoke "$v"
 done
 stamp "done"
-echo "images:"
-buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'shardstream-(debian|runtime|trainer)' || true
-if [ "${KEEP_IMAGES:-0}" != 1 ]; then
-  for v in "${variants[@]}"; do buildah rmi "localhost/shardstream-$v:dev" >/dev/null; done
-  echo "removed the built images (KEEP_IMAGES=1 keeps them); the base stays cached in $base_image"
+if [ "${KEEP_IMAGES:-0}" = 1 ]; then
+  buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' | grep -E 'shardstream-(debian|runtime|trainer)' || true
 fi
+echo "the base stays cached as $base_image"
