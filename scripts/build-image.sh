@@ -105,7 +105,7 @@ echo "binary: $(du -h "$art/bin/shardstream" | cut -f1); wheel: $(ls "$art/wheel
 
 # --- the images ---------------------------------------------------------------------------------
 torch_spec=${TORCH_SPEC:-$(grep -m1 '^torch==' tests/requirements.txt || echo torch)}
-build() {  # build VARIANT -> image name on stdout's last line
+build() {  # build VARIANT: leaves its working container in $work_ctr
   local variant=$1 ctr
   ctr=$(bah from "$base_image"); containers+=("$ctr")
   bah copy "$ctr" "$art" /tmp/shardstream
