@@ -4,6 +4,10 @@ v1alpha2 types the Trainer API embeds) from the kubeflow-trainer-api wheel's pyd
     pip download --no-deps kubeflow-trainer-api==2.3.0 -d /tmp/w && unzip -q /tmp/w/*.whl -d /tmp/w
     .venv/bin/python deploy/schemas/regenerate.py /tmp/w
 
+and kubeflow.org_v2beta1_mpijob.json (MPIJob) from the mpi-operator's CRD:
+
+    .venv/bin/python deploy/schemas/regenerate.py mpijob path/to/manifests/base/kubeflow.org_mpijobs.yaml
+
 Kubernetes core types (PodTemplateSpec, ObjectMeta, ...) are not copied: they become references
 to kubernetes-validate's bundled definitions, so a pod template inside a TrainJob is checked
 against the same Kubernetes version as a plain Job. See README.md.
@@ -117,5 +121,36 @@ def main(wheel_dir: str) -> None:
     (HERE / "trainer.kubeflow.org_v1alpha1.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
+MPI_SOURCE = (
+    "kubeflow/mpi-operator manifests/base/kubeflow.org_mpijobs.yaml @caa3c47f (Apache-2.0): the "
+    "v2beta1 openAPIV3Schema, descriptions dropped, each replica's PodTemplateSpec a reference"
+)
+
+
+def mpijob(crd_path: str) -> None:
+    """The MPIJob v2beta1 schema from the CRD, with its embedded pod templates (300 KB each)
+    replaced by references to kubernetes-validate's PodTemplateSpec."""
+    import yaml
+
+    crd = yaml.safe_load(Path(crd_path).read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
+    schema = strip(version["schema"]["openAPIV3Schema"])
+    replica = schema["properties"]["spec"]["properties"]["mpiReplicaSpecs"]["additionalProperties"]
+    replica["properties"]["template"] = {"$ref": K8S_DEFS + "io.k8s.api.core.v1.PodTemplateSpec"}
+    schema["properties"]["metadata"] = {"$ref": K8S_DEFS + "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    schema["properties"]["status"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "spec"})
+    out = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "x-source": MPI_SOURCE,
+        "kinds": {"kubeflow.org/v2beta1/MPIJob": {"$ref": "#/$defs/MPIJob"}},
+        "$defs": {"MPIJob": schema},
+    }
+    (HERE / "kubeflow.org_v2beta1_mpijob.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "mpijob":
+        mpijob(sys.argv[2])
+    else:
+        main(sys.argv[1])

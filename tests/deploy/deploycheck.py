@@ -47,6 +47,7 @@ OWNER_LABEL = {
     # A TrainJob's pods belong to the JobSet the Trainer makes, named after the TrainJob.
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "jobset.sigs.k8s.io/jobset-name",
     ("kubeflow.org/v1", "PyTorchJob"): "training.kubeflow.org/job-name",
+    ("kubeflow.org/v2beta1", "MPIJob"): "training.kubeflow.org/job-name",
 }
 
 # Metric names the dashboard may use: DESIGN.md §4 and the counters the crates export
@@ -103,6 +104,12 @@ def load_unrendered(path: Path) -> list[dict]:
         for o in objs:
             if (o["kind"], o["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"]):
                 _merge(o, patch)
+    # `images:` applies to this kustomization's objects as they stand here, as in kustomize.
+    rewrite = {i["name"]: f"{i.get('newName', i['name'])}:{i['newTag']}" for i in kust.get("images", [])}
+    for pt in pod_templates(objs):
+        for c in all_containers(pt.template.get("spec", {})):
+            if c.get("image") in rewrite:
+                c["image"] = rewrite[c["image"]]
     return objs
 
 
@@ -241,6 +248,11 @@ def pod_templates(objs: list[dict]) -> Iterator[PodTemplate]:
         elif kind == "PyTorchJob":
             for rtype, rs in spec.get("pytorchReplicaSpecs", {}).items():
                 yield PodTemplate(o, f"PyTorchJob/{name}/{rtype}", rs.get("template", {}))
+        elif kind == "MPIJob":
+            for rtype, rs in spec.get("mpiReplicaSpecs", {}).items():
+                yield PodTemplate(o, f"MPIJob/{name}/{rtype}", rs.get("template", {}))
+        elif kind in ("StatefulSet", "Deployment", "DaemonSet"):
+            yield PodTemplate(o, f"{kind}/{name}", spec.get("template", {}))
 
 
 def all_containers(pod_spec: dict) -> list[dict]:
@@ -251,9 +263,15 @@ def argv(c: dict) -> list[str]:
     return list(c.get("command", [])) + list(c.get("args", []))
 
 
-def runs(c: dict, sub: str) -> bool:
-    """Whether the container runs `shardstream <sub>`."""
+def has_init(c: dict) -> bool:
+    """Whether the container's command starts with the image's init (`tini --`)."""
     a = argv(c)
+    return len(a) >= 2 and a[0].endswith("tini") and a[1] == "--"
+
+
+def runs(c: dict, sub: str) -> bool:
+    """Whether the container runs `shardstream <sub>` (under `tini --` or not)."""
+    a = argv(c)[2:] if has_init(c) else argv(c)
     return len(a) >= 2 and a[0].endswith("shardstream") and a[1] == sub
 
 
@@ -304,8 +322,12 @@ def lint(objs: list[dict], versions: tuple[str, ...] = K8S_VERSIONS) -> list[str
             if runs(c, "run") or runs(c, "mount"):
                 errors += _lint_run_id(where, c, pt.owner)
                 errors += _lint_cache_mount(where, c, volumes)
+                errors += _lint_cache_prepared(where, c, spec)
             if runs(c, "run"):
                 errors += _lint_shm(where, c, volumes, pt.resources_hint)
+                if not has_init(c):
+                    errors.append(f"{where}: `shardstream run` must run under the image's init (command: [tini, --, shardstream, run, ...]): a pod's command replaces the ENTRYPOINT")
+            errors += _lint_trainer_image(where, c)
         if pt.owner.get("kind") == "Job":
             errors += _lint_job_network(pt, services)
             errors += _lint_part(pt)
@@ -313,9 +335,11 @@ def lint(objs: list[dict], versions: tuple[str, ...] = K8S_VERSIONS) -> list[str
             errors += _lint_jobset_network(pt)
     for svc_name, svc in services.items():
         if svc.get("spec", {}).get("clusterIP") == "None" and not any(
-            pt.template.get("spec", {}).get("subdomain") == svc_name for pt in pod_templates(objs)
+            pt.template.get("spec", {}).get("subdomain") == svc_name
+            or (pt.owner.get("kind") == "StatefulSet" and pt.owner["spec"].get("serviceName") == svc_name)
+            for pt in pod_templates(objs)
         ):
-            errors.append(f"Service/{svc_name}: headless Service that no pod template uses as its subdomain")
+            errors.append(f"Service/{svc_name}: headless Service that no pod template uses as its subdomain (or StatefulSet serviceName)")
     return errors
 
 
@@ -382,6 +406,45 @@ def _lint_cache_mount(where: str, c: dict, volumes: dict) -> list[str]:
             return [f"{where}: SHARDSTREAM_CACHE_ROOT={path} must be the whole cache volume's mount"]
         return _pvc_check(where, volumes.get(m["name"]))
     return [f"{where}: neither SHARDSTREAM_CACHE_DIR nor SHARDSTREAM_CACHE_ROOT is set: the cache would land in the container's filesystem"]
+
+
+def _lint_cache_prepared(where: str, c: dict, spec: dict) -> list[str]:
+    """A cache folder mounted with subPathExpr exists, owned by uid 1000, before kubelet would
+    make it as root: an earlier init container creates it through the whole volume."""
+    cache = next((m for m in c.get("volumeMounts", []) if m.get("subPathExpr")), None)
+    if cache is None:
+        return []
+    before = all_containers(spec)
+    before = before[: next(i for i, x in enumerate(before) if x is c)]
+    key = "$(SHARDSTREAM_RUN_ID)/$(SHARDSTREAM_NODE_RANK)"
+    for init in before:
+        if init in spec.get("initContainers", []) and init.get("restartPolicy") != "Always":
+            a = " ".join(argv(init))
+            if "mkdir" in a and key in a and any(
+                m["name"] == cache["name"] and not m.get("subPath") and not m.get("subPathExpr")
+                for m in init.get("volumeMounts", [])
+            ):
+                return []
+    return [f"{where}: no init container before it creates the cache folder {key} (kubelet would create it as root: unwritable on NFS/EFS with root_squash)"]
+
+
+TRAINER_IMAGE = "shardstream-trainer"
+# Images built FROM the trainer (deploy/Dockerfile): torch and /workspace too.
+TRAINER_IMAGES = {TRAINER_IMAGE, "shardstream-mpi"}
+
+
+def image_name(image: str) -> str:
+    """registry.example.com/ml/shardstream-trainer:0.1.0 -> shardstream-trainer"""
+    return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0]
+
+
+def _lint_trainer_image(where: str, c: dict) -> list[str]:
+    """torchrun, deepspeed and train.py need the trainer image (torch, /workspace)."""
+    a = argv(c)
+    trains = any(x in ("torchrun", "deepspeed") or x.endswith("/train.py") for x in a) or "torchrun" in " ".join(a)
+    if trains and image_name(c.get("image", "")) not in TRAINER_IMAGES:
+        return [f"{where}: runs training in {c.get('image')!r}, which has no torch: use the {TRAINER_IMAGE} image"]
+    return []
 
 
 def _pvc_check(where: str, vol: dict | None) -> list[str]:
@@ -484,6 +547,85 @@ def _lint_part(pt: PodTemplate) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Images
+
+
+def configured_images(path: Path) -> set[str]:
+    """The images an overlay configures: `images:` entries of its kustomization and of the
+    kustomizations it builds on, as name:tag."""
+    kust = yaml.safe_load((path / "kustomization.yaml").read_text())
+    out = {f"{i.get('newName', i['name'])}:{i['newTag']}" for i in kust.get("images", [])}
+    for res in kust.get("resources", []):
+        target = (path / res).resolve()
+        if target.is_dir():
+            out |= configured_images(target)
+    return out
+
+
+def image_errors(objs: list[dict], configured: set[str]) -> list[str]:
+    """Every container and init container names one of the configured images: a bare
+    `shardstream` left over (a patch that escaped the `images:` rewrite) cannot be pulled."""
+    out = []
+    for pt in pod_templates(objs):
+        for c in all_containers(pt.template.get("spec", {})):
+            if c.get("image") not in configured:
+                out.append(f"{pt.where}/{c.get('name')}: image {c.get('image')!r} is not one of the configured images {sorted(configured)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod Security `restricted`
+
+# Containers that cannot meet `restricted`, and why (docs/deploy.md, "Pod Security").
+RESTRICTED_EXCEPTIONS = {
+    ("fuse-sidecar", "shardstream-mount"): "privileged: Bidirectional mount propagation",
+    ("fuse-device-plugin", "trainer"): "CAP_SYS_ADMIN and an unconfined AppArmor profile: mount(2) in the container",
+}
+
+_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_errors(objs: list[dict], overlay: str | None = None) -> list[str]:
+    """What the `restricted` Pod Security level refuses, container by container (the
+    documented exceptions aside), and at the pod level."""
+    out = []
+    for pt in pod_templates(objs):
+        spec = pt.template.get("spec", {})
+        psc = spec.get("securityContext") or {}
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(key):
+                out.append(f"{pt.where}: {key}")
+        for v in spec.get("volumes", []):
+            kind = next((k for k in v if k != "name"), None)
+            if kind not in _RESTRICTED_VOLUMES:
+                out.append(f"{pt.where}: volume {v['name']} of type {kind} is not allowed by restricted")
+        for c in all_containers(spec):
+            if (overlay, c.get("name")) in RESTRICTED_EXCEPTIONS:
+                continue
+            where = f"{pt.where}/{c.get('name')}"
+            csc = c.get("securityContext") or {}
+            if csc.get("privileged"):
+                out.append(f"{where}: privileged")
+            if csc.get("allowPrivilegeEscalation") is not False:
+                out.append(f"{where}: allowPrivilegeEscalation must be false")
+            caps = csc.get("capabilities") or {}
+            if "ALL" not in (caps.get("drop") or []):
+                out.append(f"{where}: capabilities must drop ALL")
+            if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+                out.append(f"{where}: adds capabilities {caps.get('add')}")
+            if not csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+                out.append(f"{where}: runAsNonRoot must be true (container or pod)")
+            if csc.get("runAsUser", psc.get("runAsUser")) == 0:
+                out.append(f"{where}: runAsUser 0")
+            seccomp = (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                out.append(f"{where}: seccompProfile must be RuntimeDefault or Localhost (container or pod), not {seccomp}")
+            if any(p.get("hostPort") for p in c.get("ports", [])):
+                out.append(f"{where}: hostPort")
+    return out
+
+
 def dashboard_metrics(path: Path) -> set[str]:
     text = path.read_text()
     json.loads(text)  # must parse
@@ -501,6 +643,8 @@ def check_overlay(name: str) -> list[str]:
         for o in objs:
             errors += schema_errors(o, version)
     errors += lint(objs)
+    errors += image_errors(objs, configured_images(OVERLAYS_DIR / name))
+    errors += restricted_errors(objs, name)
     return errors
 
 

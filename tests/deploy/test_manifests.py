@@ -30,6 +30,8 @@ EXPECTED_OVERLAYS = {
     "fuse-device-plugin",
     "monitoring",
     "cache-gc",
+    "mpijob",
+    "statefulset-mpi",
 }
 
 
@@ -88,6 +90,7 @@ def test_every_custom_resource_has_a_vendored_schema_with_a_source():
         "trainer.kubeflow.org/v1alpha1/TrainingRuntime",
         "kueue.x-k8s.io/v1beta1/LocalQueue",
         "monitoring.coreos.com/v1/PodMonitor",
+        "kubeflow.org/v2beta1/MPIJob",
     ):
         assert key in kinds
     readme = (dc.SCHEMAS_DIR / "README.md").read_text()
@@ -124,6 +127,9 @@ def test_versions_differ_where_the_api_does(rendered):
         ("jobset", "JobSet", ["spec"], "replicatedJob", [], "replicatedJob"),
         ("monitoring", "PodMonitor", ["spec"], "podMetricEndpoints", [], "podMetricEndpoints"),
         ("kueue", "LocalQueue", ["spec"], "stopPolicy", "Pause", "is not one of"),
+        ("mpijob", "MPIJob", ["spec"], "slotPerWorker", 1, "slotPerWorker"),
+        ("mpijob", "MPIJob", ["spec"], "mpiImplementation", "MVAPICH", "is not one of"),
+        ("mpijob", "MPIJob", ["spec", "mpiReplicaSpecs", "Worker"], "replica", 2, "replica"),
     ],
 )
 def test_crd_schema_catches_mistakes(rendered, overlay, kind, path, key, value, expect):
@@ -157,7 +163,8 @@ def lint_errors(objs: list[dict]) -> str:
 def test_lint_bidirectional_needs_privileged(rendered):
     objs = copy.deepcopy(rendered["fuse-sidecar"])
     job = next(o for o in objs if o["kind"] == "Job")
-    job["spec"]["template"]["spec"]["initContainers"][0]["securityContext"]["privileged"] = False
+    sidecar = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "shardstream-mount")
+    sidecar["securityContext"]["privileged"] = False
     assert "needs privileged: true" in lint_errors(objs)
 
 
@@ -306,7 +313,7 @@ def test_airflow_example_is_indexed_and_wires_the_run_id():
 
 
 def test_dockerfile_installs_what_the_manifests_run():
-    text = (dc.DEPLOY / "Dockerfile").read_text()
+    text = (dc.DEPLOY / "Dockerfile").read_text() + (dc.DEPLOY / "image/install.sh").read_text()
     # The shipped profile (Cargo.toml's `dist`: release code, no debug information).
     assert "cargo build --profile dist --locked -p shardstream-cli" in text
     assert "install -D target/dist/shardstream /out/bin/shardstream" in text
@@ -318,6 +325,22 @@ def test_dockerfile_installs_what_the_manifests_run():
     assert pyproject["tool"]["maturin"]["profile"] == "dist"
     assert "/usr/local/bin/shardstream" in text
     assert "fuse3" in text and "util-linux" in text  # fusermount3, and `mountpoint` for the probe
+    # The sidecar's --allow-other, and an init as PID 1 (the manifests name it in `command:`).
+    assert "user_allow_other" in text and "/etc/fuse.conf" in text
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in text and " tini " in text
+    # Both targets, the trainer on a configurable base with torch, both through install.sh.
+    docker = (dc.DEPLOY / "Dockerfile").read_text()
+    assert "ARG BASE=" in docker and "FROM ${BASE} AS trainer" in docker and "AS runtime" in docker
+    assert docker.count("source=deploy/image/install.sh") == 2
+    assert 'python -c "import torch"' in docker
+
+
+def test_build_image_script_uses_the_dockerfiles_install_step():
+    # scripts/build-image.sh proves the image with the same install step as the Dockerfile.
+    script = (dc.DEPLOY.parent / "scripts/build-image.sh").read_text()
+    assert "deploy/image/install.sh" in script and "--isolation chroot" in script
+    assert "shardstream --version" in script and "import shardstream, torch" in script
+    assert "deploy/base/train.py" in script  # the overlays' training script, run in the image
 
 
 def test_the_alert_rules_are_valid_promql(rendered, tmp_path):
@@ -342,3 +365,211 @@ def test_the_alert_rules_are_valid_promql(rendered, tmp_path):
     path.write_text(yaml.safe_dump({"groups": broken}))
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode != 0
+
+
+# --- images, Pod Security, the cache folder's owner -------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS))
+def test_every_container_names_a_configured_image(rendered, overlay):
+    configured = dc.configured_images(dc.OVERLAYS_DIR / overlay)
+    assert dc.image_errors(rendered[overlay], configured) == []
+    for pt in dc.pod_templates(rendered[overlay]):
+        for c in dc.all_containers(pt.template["spec"]):
+            # A registry and a tag: never the bare placeholder name.
+            assert "/" in c["image"] and ":" in c["image"], (pt.where, c["name"], c["image"])
+
+
+def test_image_check_catches_a_patch_that_escapes_the_rewrite(tmp_path):
+    # The fuse-sidecar bug: an overlay whose patch adds a container on top of ../indexed-job,
+    # without an `images:` of its own, renders `image: shardstream` for it.
+    for f in ("kustomization.yaml", "mount-sidecar.yaml"):
+        (tmp_path / f).write_text((dc.OVERLAYS_DIR / "fuse-sidecar" / f).read_text())
+    kust = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
+    kust["resources"] = [os.path.relpath(dc.OVERLAYS_DIR / "indexed-job", tmp_path)]
+    del kust["images"]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kust))
+    errors = dc.image_errors(dc.render(tmp_path), dc.configured_images(tmp_path))
+    assert len(errors) == 1 and "shardstream-mount: image 'shardstream' is not one of" in errors[0], errors
+
+
+def test_training_runs_in_the_trainer_image_with_its_script(rendered):
+    for overlay in ("indexed-job", "jobset", "pytorchjob", "pytorchjob-elastic", "trainjob", "fuse-sidecar"):
+        for pt in dc.pod_templates(rendered[overlay]):
+            spec = pt.template["spec"]
+            for c in spec["containers"]:
+                if "/workspace/train.py" in dc.argv(c):
+                    assert dc.image_name(c["image"]) == "shardstream-trainer", pt.where
+                    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/workspace/train.py")
+                    vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+                    assert vol["configMap"]["name"] == "shardstream-train"
+    # The ConfigMap exists with the base's script in it.
+    cm = next(o for o in rendered["indexed-job"] if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "shardstream-train")
+    assert cm["data"]["train.py"] == (dc.DEPLOY / "base/train.py").read_text()
+    # And the lint refuses torchrun in the runtime image.
+    objs = copy.deepcopy(rendered["indexed-job"])
+    trainer(next(o for o in objs if o["kind"] == "Job"))["image"] = "registry.example.com/ml/shardstream:0.1.0"
+    assert "which has no torch: use the shardstream-trainer image" in lint_errors(objs)
+
+
+def test_lint_run_needs_the_init(rendered):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    c = trainer(next(o for o in objs if o["kind"] == "Job"))
+    c["command"] = c["command"][2:]
+    assert "must run under the image's init" in lint_errors(objs)
+
+
+def test_lint_cache_folder_is_made_by_an_init_container(rendered):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    spec = next(o for o in objs if o["kind"] == "Job")["spec"]["template"]["spec"]
+    spec["initContainers"] = [c for c in spec["initContainers"] if c["name"] != "prepare-cache"]
+    assert "no init container before it creates the cache folder" in lint_errors(objs)
+    # In the FUSE overlay it must come before the sidecar, which mounts the folder too.
+    objs = copy.deepcopy(rendered["fuse-sidecar"])
+    spec = next(o for o in objs if o["kind"] == "Job")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["prepare-cache", "shardstream-mount"]
+    spec["initContainers"].reverse()
+    assert "Job/train/shardstream-mount: no init container before it" in lint_errors(objs)
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS))
+def test_every_container_meets_restricted_pod_security(rendered, overlay):
+    assert dc.restricted_errors(rendered[overlay], overlay) == []
+
+
+def test_restricted_exceptions_are_the_documented_ones(rendered):
+    doc = (dc.DEPLOY.parent / "docs/deploy.md").read_text()
+    for (overlay, container), _why in dc.RESTRICTED_EXCEPTIONS.items():
+        assert f"`{container}` in `{overlay}`" in doc, (overlay, container)
+        # And each exception is real: without it the check fails.
+        assert dc.restricted_errors(rendered[overlay], None), overlay
+
+
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        (lambda c, s: c["securityContext"].pop("allowPrivilegeEscalation"), "allowPrivilegeEscalation must be false"),
+        (lambda c, s: c["securityContext"]["capabilities"].update(drop=["NET_RAW"]), "capabilities must drop ALL"),
+        (lambda c, s: c["securityContext"]["capabilities"].update(add=["SYS_PTRACE"]), "adds capabilities"),
+        (lambda c, s: s["securityContext"].pop("runAsNonRoot"), "runAsNonRoot must be true"),
+        (lambda c, s: c["securityContext"].update(runAsUser=0), "runAsUser 0"),
+        (lambda c, s: s["securityContext"].pop("seccompProfile"), "seccompProfile must be RuntimeDefault"),
+        (lambda c, s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "type hostPath is not allowed"),
+    ],
+)
+def test_restricted_check_catches(rendered, change, expect):
+    objs = copy.deepcopy(rendered["indexed-job"])
+    job = next(o for o in objs if o["kind"] == "Job")
+    change(trainer(job), job["spec"]["template"]["spec"])
+    assert any(expect in e for e in dc.restricted_errors(objs, "indexed-job")), dc.restricted_errors(objs, "indexed-job")
+
+
+def test_fuse_sidecar_serves_other_uids_and_is_probed(rendered):
+    job = one(rendered["fuse-sidecar"], "Job")
+    spec = job["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "shardstream-mount")
+    assert "--allow-other" in sidecar["command"]
+    assert sidecar["restartPolicy"] == "Always"
+    probe = " ".join(sidecar["livenessProbe"]["exec"]["command"])
+    assert "/mnt/dataset" in probe and sidecar["livenessProbe"]["timeoutSeconds"] >= 1
+    [mount] = [m for m in sidecar["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
+    assert mount["mountPropagation"] == "Bidirectional" and sidecar["securityContext"]["privileged"]
+    [tmount] = [m for m in trainer(job)["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
+    assert tmount["mountPropagation"] == "HostToContainer"
+
+
+# --- MPI / SSH launchers ----------------------------------------------------------------------
+
+
+def _mpi_parts(objs: list[dict]) -> tuple[dict, dict, str, int]:
+    """(launcher container, worker pod template, the launcher's shell text, worker count)."""
+    pts = list(dc.pod_templates(objs))
+    mpijob = next((o for o in objs if o["kind"] == "MPIJob"), None)
+    if mpijob:
+        launcher = next(p for p in pts if p.where.endswith("/Launcher")).template["spec"]["containers"][0]
+        worker = next(p for p in pts if p.where.endswith("/Worker")).template
+        count = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    else:
+        launcher = next(p for p in pts if p.owner["kind"] == "Job").template["spec"]["containers"][0]
+        sts = next(p for p in pts if p.owner["kind"] == "StatefulSet")
+        worker, count = sts.template, sts.owner["spec"]["replicas"]
+    return launcher, worker, " ".join(dc.argv(launcher)), count
+
+
+@pytest.mark.parametrize("overlay,worker0", [("mpijob", "mpi-train-worker-0.mpi-train"), ("statefulset-mpi", "ds-worker-0.ds-worker")])
+def test_mpi_launchers_give_each_node_its_run_id_and_rank(rendered, overlay, worker0):
+    launcher, worker, text, count = _mpi_parts(rendered[overlay])
+    # SSH sessions get no pod environment: the run id travels with mpirun -x, the node rank is
+    # the worker's ordinal from its host name, and `shardstream run` wraps each node's torchrun.
+    assert "-x SHARDSTREAM_RUN_ID" in text and "SHARDSTREAM_CACHE_DIR=/var/cache/shardstream/node" in text
+    assert 'rank=${rank##*-}' in text and 'shardstream run --node-rank "$rank" -- torchrun' in text
+    assert f"--nnodes={count}" in text and f"--master-addr={worker0}" in text
+    assert ("-np \"$n\"" in text and f"n={count}" in text) or f"-np {count}" in text
+    assert "--map-by ppr:1:node" in text
+    # The run id on the launcher and the workers comes from the same place.
+    wc = worker["spec"]["containers"][0]
+    assert dc.env_of(launcher)["SHARDSTREAM_RUN_ID"]["valueFrom"] == dc.env_of(wc)["SHARDSTREAM_RUN_ID"]["valueFrom"]
+    # The worker's cache folder is keyed by the same node rank as the host name's ordinal.
+    rank = dc.env_of(wc)["SHARDSTREAM_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert rank in ("metadata.labels['training.kubeflow.org/replica-index']", "metadata.labels['apps.kubernetes.io/pod-index']")
+    cache = next(m for m in wc["volumeMounts"] if m["name"] == "cache")
+    assert cache["subPathExpr"] == "$(SHARDSTREAM_RUN_ID)/$(SHARDSTREAM_NODE_RANK)"
+    assert worker["spec"]["initContainers"][0]["name"] == "prepare-cache"
+    assert worker["metadata"]["labels"]["app.kubernetes.io/name"] == "shardstream"  # scraped
+    assert any(p["name"] == "metrics" for p in wc["ports"])
+
+
+def test_statefulset_serves_dns_names_through_its_headless_service(rendered):
+    objs = rendered["statefulset-mpi"]
+    sts = one(objs, "StatefulSet")
+    svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    objs = copy.deepcopy(objs)
+    one_sts = next(o for o in objs if o["kind"] == "StatefulSet")
+    one_sts["spec"]["serviceName"] = "other"
+    assert "headless Service that no pod template uses" in lint_errors(objs)
+
+
+def test_dashboard_queries_are_valid_promql_and_gpu_panel_joins_on_the_pod(tmp_path):
+    import shutil
+    import subprocess
+
+    dash = json.loads((dc.OVERLAYS_DIR / "monitoring/dashboards/shardstream.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    # The GPU series are the ones of the shardstream pods only, joined on the pod's labels.
+    [gpu] = [e for e in exprs if "DCGM_" in e]
+    assert "on (namespace, pod) group_left (run_id, node_rank)" in gpu and 'run_id=~"$run_id"' in gpu
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (scripts/setup-system.sh installs prometheus)"
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e.replace("$run_id", ".*")} for i, e in enumerate(exprs)
+    ]}]}
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- credentials ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", sorted(EXPECTED_OVERLAYS - {"monitoring"}))
+def test_every_pod_runs_as_the_shardstream_service_account(rendered, overlay):
+    # One ServiceAccount to bind to the cloud role (IRSA, EKS Pod Identity, GKE and Azure
+    # Workload Identity): no keys in Secrets, no Kubernetes API token mounted.
+    sa = one(rendered[overlay], "ServiceAccount")
+    assert sa["metadata"]["name"] == "shardstream" and sa["automountServiceAccountToken"] is False
+    for pt in dc.pod_templates(rendered[overlay]):
+        assert pt.template["spec"]["serviceAccountName"] == "shardstream", pt.where
+
+
+def test_credential_wiring_is_documented_for_each_cloud():
+    doc = (dc.DEPLOY.parent / "docs/deploy.md").read_text()
+    sa = (dc.DEPLOY / "base/serviceaccount.yaml").read_text()
+    for key in ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account", "azure.workload.identity/client-id"):
+        assert key in doc and key in sa, key
+    for words in ("azure.workload.identity/use", "create-pod-identity-association", "roles/iam.workloadIdentityUser",
+                  "principal://iam.googleapis.com/", "az identity federated-credential create",
+                  "system:serviceaccount:NAMESPACE:shardstream"):
+        assert words in doc, words
