@@ -22,6 +22,13 @@ bash scripts/setup-venv.sh
 export SHARDSTREAM_PYTHON="$root/.venv/bin/python"
 export SHARDSTREAM_MOTO_SERVER="$root/.venv/bin/moto_server"
 
+# The Airflow DAG test's own venv (apache-airflow + the cncf.kubernetes provider, apart from .venv:
+# their pins conflict with it) is mostly downloads: made in the background while Rust compiles.
+airflow_log="$root/target/airflow-venv.log"
+mkdir -p "$root/target"
+bash tests/deploy/setup-airflow-venv.sh > "$airflow_log" 2>&1 &
+airflow_pid=$!
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -35,6 +42,14 @@ step "python binding (maturin develop into .venv)"
 
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast
+
+step "airflow venv (started in the background)"
+if ! wait "$airflow_pid"; then
+  cat "$airflow_log" >&2
+  echo "tests/deploy/setup-airflow-venv.sh failed" >&2
+  exit 1
+fi
+cat "$airflow_log"
 
 step "pytest"
 export SHARDSTREAM_BIN="$root/target/debug/shardstream"

@@ -2,7 +2,8 @@
 # Creates the venv that tests/deploy/test_airflow_dag.py imports the Airflow example with:
 # the real apache-airflow and apache-airflow-providers-cncf-kubernetes from PyPI, apart from the
 # main venv (their dependency pins conflict with it). About 8 minutes and 700 MB on a fresh
-# machine, so CI runs it only where it chooses to; the test is skipped without the venv.
+# machine (mostly downloads), so scripts/test.sh runs it in the background while Rust builds; the
+# test fails without the venv under CI=true and is skipped elsewhere.
 #   tests/deploy/setup-airflow-venv.sh            # -> $AIRFLOW_TEST_VENV or ~/.cache/shardstream/airflow-venv
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
