@@ -252,3 +252,94 @@ pub fn run_node(
     run.over_limit = run.peak_need > cache.limit;
     Ok(run)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Dataset;
+    use shardstream_streamer::order::{DatasetShape, OrderConfig};
+
+    fn shards(n: u32) -> Shards {
+        Shards::from_config(&Dataset {
+            shards: n,
+            shard_bytes: 1000,
+            samples_per_shard: 50,
+            prefixes: 3,
+            index_bytes: Some(1),
+            index: None,
+        })
+        .unwrap()
+    }
+
+    /// With room for everything, a node downloads exactly the shards its ranks' samples come
+    /// from (as `rank_iter` yields them), each once.
+    #[test]
+    fn a_node_downloads_the_shards_of_its_ranks_samples_once() {
+        let sh = shards(40);
+        let shape = DatasetShape::single(sh.samples.clone()).unwrap();
+        for (nodes, lanes, ppn) in [(4u32, 4u32, 2u32), (3, 4, 2), (2, 1, 3)] {
+            let config = OrderConfig {
+                seed: 3,
+                shuffle: true,
+                window: 4,
+                lanes,
+                ..OrderConfig::default()
+            };
+            let order = EpochOrder::new(&shape, &config, 1).unwrap();
+            let steps = Steps::new(&order, nodes, ppn, 5, 0, 4).unwrap();
+            let world = World::new(nodes, ppn, 1, 5).unwrap();
+            for node in 0..nodes {
+                let mut cache = NodeCache::new(u64::MAX);
+                let run = run_node(&steps, &sh, node, 0, &mut cache).unwrap();
+                let mut want = HashSet::new();
+                for p in 0..ppn {
+                    let rank = Rank {
+                        node,
+                        local_process: p,
+                        worker: 0,
+                    };
+                    want.extend(
+                        order
+                            .rank_iter(world, rank, 0)
+                            .unwrap()
+                            .map(|s| s.sample.shard),
+                    );
+                }
+                assert!(
+                    run.downloaded.is_superset(&want),
+                    "{nodes} nodes, {lanes} lanes, node {node}"
+                );
+                assert_eq!(run.downloads, run.downloaded.len() as u64);
+                assert_eq!(run.refetches, 0);
+                let total: u64 = run.step_requests.iter().flatten().sum();
+                assert_eq!(total, run.requests);
+            }
+        }
+    }
+
+    /// A cache smaller than the epoch evicts, and what comes back is downloaded again.
+    #[test]
+    fn a_small_cache_refetches_what_it_evicted() {
+        let sh = shards(40);
+        let shape = DatasetShape::single(sh.samples.clone()).unwrap();
+        let config = OrderConfig {
+            seed: 3,
+            shuffle: true,
+            window: 4,
+            lanes: 1,
+            ..OrderConfig::default()
+        };
+        let order = EpochOrder::new(&shape, &config, 0).unwrap();
+        let steps = Steps::new(&order, 2, 1, 5, 0, 4).unwrap();
+        let mut big = NodeCache::new(u64::MAX);
+        let all = run_node(&steps, &sh, 0, 0, &mut big).unwrap();
+        let mut small = NodeCache::new(all.peak_need);
+        let tight = run_node(&steps, &sh, 0, 0, &mut small).unwrap();
+        assert!(!tight.over_limit);
+        assert!(small.bytes() <= all.peak_need);
+        assert_eq!(
+            tight.downloads,
+            tight.downloaded.len() as u64 + tight.refetches
+        );
+    }
+}

@@ -148,9 +148,10 @@ pub fn model_prefix(
             let lo_step = step + (init / DT).ceil() as usize;
             let hi_step = step + (hi / DT).ceil() as usize;
             let n = (hi_step - lo_step + 1) as f64;
-            for s in lo_step..=hi_step {
-                if s <= steps {
-                    retries[a][s] += volume / n;
+            let last = hi_step.min(steps);
+            if lo_step <= last {
+                for slot in &mut retries[a][lo_step..=last] {
+                    *slot += volume / n;
                 }
             }
         };
@@ -212,5 +213,37 @@ pub fn model_prefix(
             seconds_over as f64 / seconds_seen as f64
         },
         seconds: steps as f64 * DT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_the_limit_every_request_is_served_once() {
+        for enabled in [false, true] {
+            let shaping = Shaping {
+                enabled,
+                ..Shaping::default()
+            };
+            let r = model_prefix(1000.0, 64, 5500.0, &shaping, 10.0);
+            assert!((r.offered - 1000.0).abs() < 1.0, "{r:?}");
+            assert_eq!(r.throttled, 0.0);
+        }
+    }
+
+    #[test]
+    fn over_the_limit_retries_inflate_the_offer_and_shaping_with_room_caps_it() {
+        let off = Shaping {
+            enabled: false,
+            ..Shaping::default()
+        };
+        let r = model_prefix(10_000.0, 64, 5500.0, &off, 30.0);
+        assert!(r.offered > 10_000.0 && r.served <= 5500.0 + 1e-6, "{r:?}");
+        // 64 processes: their floor (64 x min_rate) is far under the limit, so AIMD settles.
+        let on = Shaping::default();
+        let r = model_prefix(10_000.0, 64, 5500.0, &on, 60.0);
+        assert!(r.offered < 5500.0 * 1.5, "{r:?}");
     }
 }
