@@ -184,6 +184,9 @@ pub struct Shaping {
     pub burst_seconds: f64,
     /// Waits stretched by a random factor in `[1, 1 + jitter]`.
     pub jitter: f64,
+    /// One limiter state per node (shared by its processes) instead of one per process (what
+    /// `storage::shaping` does: every DataLoader worker is a process with its own).
+    pub per_node: bool,
 }
 
 impl Default for Shaping {
@@ -198,6 +201,7 @@ impl Default for Shaping {
             cooldown: 0.5,
             burst_seconds: 0.25,
             jitter: 0.2,
+            per_node: false,
         }
     }
 }

@@ -70,9 +70,13 @@ pub fn simulate(config: &SimConfig) -> Result<Report> {
     let order = EpochOrder::new(&shape, &order_config(config), config.order.epoch)?;
     let epoch = epoch::model_epoch(config, &order, &shards)?;
     let startup = startup::model_startup(config, &order, &shards)?;
-    let clients = u64::from(config.cluster.nodes)
-        * u64::from(config.cluster.ranks_per_node)
-        * u64::from(config.cluster.workers);
+    let clients = if config.shaping.per_node {
+        u64::from(config.cluster.nodes)
+    } else {
+        u64::from(config.cluster.nodes)
+            * u64::from(config.cluster.ranks_per_node)
+            * u64::from(config.cluster.workers)
+    };
     let demand = epoch.get_per_s_per_prefix_mean;
     let mut off = config.shaping.clone();
     off.enabled = false;

@@ -1,7 +1,8 @@
 //! Time to the first batch of every rank on a cold start.
 //!
-//! Each node starts at its offset in `model.start_spread`, fetches `index.json` once (its
-//! processes share the node's copy) and parses it, then every DataLoader worker of every
+//! Each node starts at its offset in `model.start_spread`; each of its processes fetches
+//! `index.json` (they start together, before the node's copy exists, as the validation runs
+//! measured) and parses it, then every DataLoader worker of every
 //! process takes its first `batch_size` samples from the order ([`EpochOrder::rank_iter`],
 //! with the real world of workers). The node opens each distinct shard once (its workers join the download) and the
 //! shards share the node's link; a worker's batch is ready when the bytes up to the last
@@ -58,7 +59,7 @@ pub struct StartupReport {
     pub index_bytes: u64,
     /// Seconds to fetch and parse it on one node, unthrottled.
     pub index_seconds: f64,
-    /// GETs of `index.json` (one per node).
+    /// GETs of `index.json` (one per process: a cold node's processes start together).
     pub index_gets: u64,
     /// Shard GETs the first batches start, all nodes.
     pub first_gets: u64,
@@ -166,7 +167,12 @@ pub fn model_startup(
     let c = &config.cluster;
     let s = &config.store;
     let world = World::new(c.nodes, c.ranks_per_node, c.workers, c.batch_size)?;
-    let link = s.connection_bandwidth.min(c.node_bandwidth);
+    // Every process of a cold node fetches the index itself: they start together, before the
+    // node's copy exists (measured: one GET per process in `cli/tests/simulate.rs`).
+    let per_node = c.ranks_per_node as usize;
+    let link = s
+        .connection_bandwidth
+        .min(c.node_bandwidth / per_node.max(1) as f64);
     let index_transfer = shards.index_bytes as f64 / link;
     let index_parse = shards.index_bytes as f64 / s.index_parse_rate;
     let spread = config.model.start_spread;
@@ -174,17 +180,22 @@ pub fn model_startup(
     let start: Vec<f64> = (0..nodes)
         .map(|n| spread * n as f64 / nodes as f64)
         .collect();
-    // The index: one GET per node on the dataset's own prefix (0).
+    // The index: one GET per process on the dataset's own prefix (0); a node's workers start
+    // when its last process has the index.
+    let index_issued: Vec<f64> = start
+        .iter()
+        .flat_map(|&t| std::iter::repeat_n(t, per_node))
+        .collect();
     let (index_done, index_throttled) = serve(
-        &start,
-        &vec![0; nodes],
+        &index_issued,
+        &vec![0; index_issued.len()],
         shards.prefixes as usize,
         s.get_limit,
         s.latency,
     );
     let ready: Vec<f64> = index_done
-        .iter()
-        .map(|t| t + index_transfer + index_parse)
+        .chunks(per_node.max(1))
+        .map(|c| c.iter().copied().fold(0.0, f64::max) + index_transfer + index_parse)
         .collect();
     // Each worker's first batch: its shards and how far into each it reads.
     let mut worker_needs: Vec<Vec<(u32, u64)>> = Vec::new();
@@ -234,9 +245,9 @@ pub fn model_startup(
     );
     let mut process_times = Vec::new();
     let mut worker_times = Vec::with_capacity(worker_needs.len());
-    let per_node = (c.ranks_per_node as usize) * (c.workers as usize);
+    let workers_per_node = (c.ranks_per_node as usize) * (c.workers as usize);
     for (i, needs) in worker_needs.iter().enumerate() {
-        let n = i / per_node.max(1);
+        let n = i / workers_per_node.max(1);
         let share = node_shards[n].len().max(1) as f64;
         let rate = s.connection_bandwidth.min(c.node_bandwidth / share);
         let t = needs
@@ -251,7 +262,7 @@ pub fn model_startup(
     Ok(StartupReport {
         index_bytes: shards.index_bytes,
         index_seconds: s.latency + index_transfer + index_parse,
-        index_gets: nodes as u64,
+        index_gets: index_issued.len() as u64,
         first_gets: issued.len() as u64,
         first_shards_per_node_max: node_shards
             .iter()
