@@ -19,5 +19,6 @@ mod run_restart;
 mod run_torchrun;
 mod s3;
 mod shard;
+mod simulate;
 mod stream;
 mod verify;

@@ -11,6 +11,7 @@ pub mod merge_index;
 pub mod mount;
 pub mod run;
 pub mod shard;
+pub mod simulate;
 pub mod stream;
 pub mod transfer;
 pub mod verify;
@@ -44,6 +45,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Node cache maintenance.
     Cache(cache::CacheArgs),
+    /// Model a cluster, dataset and store at scale (docs/scale.md).
+    Simulate(simulate::SimulateArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
 }
@@ -59,6 +62,7 @@ impl Command {
             Command::Verify(a) => a.json,
             Command::Cat(a) => a.json,
             Command::Stream(a) => a.json,
+            Command::Simulate(a) => a.json,
             Command::Ckpt(a) => a.action.json(),
             Command::Cache(a) => a.action.json(),
             Command::Mount(_) | Command::Run(_) | Command::Completions(_) => false,
@@ -77,6 +81,7 @@ pub fn run(command: Command, global: &Global) -> anyhow::Result<()> {
         Command::Verify(args) => verify::run(args, global),
         Command::Cat(args) => cat::run(args, global),
         Command::Stream(args) => stream::run(args, global),
+        Command::Simulate(args) => simulate::run(args),
         Command::Mount(args) => mount::run(args, global),
         Command::Ckpt(args) => ckpt::run(args, global),
         Command::Run(args) => run::run(args, global),

@@ -110,8 +110,9 @@ impl Outage {
     }
 }
 
-/// The parts of a file of `size` bytes: as few as [`PART_BYTES`] allows, of even size.
-pub(crate) fn parts(size: u64) -> Vec<(u64, u64)> {
+/// The parts of a file of `size` bytes: as few as [`PART_BYTES`] allows, of even size. One GET
+/// each: a shard's download is these requests (the scale model counts them, `sim/`).
+pub fn parts(size: u64) -> Vec<(u64, u64)> {
     let n = size.div_ceil(PART_BYTES);
     if n == 0 {
         return Vec::new();

@@ -54,7 +54,7 @@ use crate::cache::{CacheConfig, LocalSources, VerifyMode};
 use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, StreamShape, Weight};
 
-pub use fetch::{PART_BYTES, WRITE_BYTES};
+pub use fetch::{parts as fetch_parts, PART_BYTES, WRITE_BYTES};
 pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
 pub use prefetch::{Prefetch, PrefetchReport};
 pub(crate) use proc::hold_proc_slots;

@@ -1,0 +1,177 @@
+//! One distributed checkpoint save by every process: its PUT profile, manifest and commit.
+//!
+//! Part sizes and per-rank PUT caps come from `checkpoint::RatePlan` (or
+//! `UploadConfig::default()` when the plan is off); the manifest is a real
+//! `checkpoint::Manifest` of every rank's files, serialized as `Manifest::to_json` does
+//! (pretty JSON), so its size is the size the coordinator puts. The commit's requests are those of
+//! `CheckpointRoot::commit`: one HEAD per file, 64 in flight, then the manifest's
+//! create-only put (plus, once per coordinator process, the two-put probe of the store's
+//! conditional puts and its delete).
+
+use serde::Serialize;
+use shardstream_checkpoint::checksum::combine_parts;
+use shardstream_checkpoint::{FileRecord, Manifest, RatePlan, UploadConfig};
+
+use crate::config::SimConfig;
+use crate::error::{mul, Result, SimError};
+
+/// HEADs in flight during a commit (`checkpoint::commit`'s `HEAD_CONCURRENCY`).
+const HEAD_CONCURRENCY: f64 = 64.0;
+/// Requests of the conditional-put probe: two create-only puts and a delete.
+const PROBE_REQUESTS: u64 = 3;
+
+/// The save.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CheckpointReport {
+    /// Ranks saving.
+    pub ranks: u64,
+    /// Files (ranks x files per rank, plus DCP's `.metadata`).
+    pub files: u64,
+    /// Part size, bytes.
+    pub part_size: u64,
+    /// Parts of one rank file.
+    pub parts_per_file: u64,
+    /// PUT-class requests of the upload (create, parts, complete per multipart file).
+    pub upload_puts: u64,
+    /// PUT/s the ranks offer while uploading, all together.
+    pub put_rate_offered: f64,
+    /// PUT/s the prefix takes (the offer, capped by the plan's caps and the prefix limit).
+    pub put_rate: f64,
+    /// Whether the offer is over the prefix's PUT limit (`503`s and retries).
+    pub over_put_limit: bool,
+    /// Seconds to upload (bandwidth or request rate, whichever binds).
+    pub upload_seconds: f64,
+    /// Bytes of the manifest.
+    pub manifest_bytes: u64,
+    /// Requests of the commit (HEADs, probe, manifest put).
+    pub commit_requests: u64,
+    /// Seconds of the commit.
+    pub commit_seconds: f64,
+}
+
+/// Models a save by every process of `config`'s cluster.
+pub fn model_checkpoint(config: &SimConfig) -> Result<CheckpointReport> {
+    let c = &config.cluster;
+    let k = &config.checkpoint;
+    let s = &config.store;
+    let ranks = mul(u64::from(c.nodes), u64::from(c.ranks_per_node), "ranks")?;
+    let world = u32::try_from(ranks).map_err(|_| SimError::Overflow { what: "ranks" })?;
+    let file_bytes = k.bytes_per_rank / u64::from(k.files_per_rank);
+    let rank_bandwidth = c.node_bandwidth / f64::from(c.ranks_per_node);
+    let upload = if k.rate_plan {
+        let mut plan = RatePlan::s3(world, rank_bandwidth);
+        plan.put_rate_limit = s.put_limit;
+        plan.largest_file = file_bytes;
+        plan.upload_config()
+    } else {
+        UploadConfig::default()
+    };
+    let part = upload.part_size.max(1);
+    let parts = file_bytes.div_ceil(part).max(1);
+    let per_file = if parts > 1 { parts + 2 } else { 1 };
+    let files = mul(ranks, u64::from(k.files_per_rank), "files")?.saturating_add(1);
+    let upload_puts = mul(files - 1, per_file, "upload requests")?.saturating_add(1);
+    let offered = ranks as f64 * rank_bandwidth / part as f64;
+    let capped = match upload.max_requests_per_second {
+        Some(per_rank) => offered.min(per_rank * ranks as f64),
+        None => offered,
+    };
+    let put_rate = capped.min(s.put_limit);
+    let bandwidth_seconds = k.bytes_per_rank as f64 / rank_bandwidth;
+    let request_seconds = upload_puts as f64 / put_rate.max(f64::MIN_POSITIVE);
+    let upload_seconds = bandwidth_seconds.max(request_seconds) + s.latency;
+    let manifest = manifest_of(world, k.files_per_rank, file_bytes, part, parts)?;
+    // `Manifest::to_json`'s bytes, without its validation (which recombines every file's part
+    // checksums: minutes at 4,096 ranks, and these are consistent by construction).
+    let manifest_bytes = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| SimError::Serialize {
+            what: "manifest",
+            reason: e.to_string(),
+        })?
+        .len() as u64;
+    let heads = files;
+    let head_seconds =
+        (heads as f64 / HEAD_CONCURRENCY).ceil() * s.latency.max(HEAD_CONCURRENCY / s.get_limit);
+    let commit_seconds = head_seconds
+        + PROBE_REQUESTS as f64 * s.latency
+        + s.latency
+        + manifest_bytes as f64 / s.connection_bandwidth;
+    Ok(CheckpointReport {
+        ranks,
+        files,
+        part_size: part,
+        parts_per_file: parts,
+        upload_puts,
+        put_rate_offered: offered,
+        put_rate,
+        over_put_limit: capped > s.put_limit,
+        upload_seconds,
+        manifest_bytes,
+        commit_requests: heads + PROBE_REQUESTS + 1,
+        commit_seconds,
+    })
+}
+
+/// The manifest the coordinator would commit: every rank's files with a CRC per part.
+fn manifest_of(
+    world: u32,
+    files_per_rank: u32,
+    file_bytes: u64,
+    part: u64,
+    parts: u64,
+) -> Result<Manifest> {
+    let attempt = "attempt-0123456789abcdef";
+    let multipart = parts > 1;
+    // Checksums are fixed-width hex, so their values do not change the size: one set of part
+    // CRCs (and their combination) serves every file.
+    let part_crcs: Vec<u32> = if multipart {
+        (0..parts)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 3) as u32)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let crc32c = if multipart {
+        combine_parts(part_crcs.iter().enumerate().map(|(i, &c)| {
+            let lo = part.saturating_mul(i as u64).min(file_bytes);
+            (c, file_bytes.min(lo.saturating_add(part)) - lo)
+        }))
+    } else {
+        0x9e37_79b9
+    };
+    let mut files = Vec::new();
+    for rank in 0..world {
+        for f in 0..files_per_rank {
+            files.push(FileRecord {
+                path: format!("{attempt}/__{rank}_{f}.distcp"),
+                size: file_bytes,
+                crc32c,
+                part_size: if multipart { part } else { 0 },
+                parts: part_crcs.clone(),
+                rank: Some(rank),
+            });
+        }
+    }
+    files.push(FileRecord {
+        path: format!("{attempt}/.metadata"),
+        size: 1 << 20,
+        crc32c: 0x1234_5678,
+        part_size: 0,
+        parts: Vec::new(),
+        rank: Some(0),
+    });
+    Ok(Manifest {
+        format: shardstream_checkpoint::manifest::FORMAT_NAME.to_string(),
+        version: shardstream_checkpoint::manifest::FORMAT_VERSION,
+        checkpoint_id: "step_100000".into(),
+        attempt: attempt.into(),
+        step: Some(100_000),
+        world_size: world,
+        created_unix_ms: 1_764_000_000_000,
+        created: "2025-11-24T16:00:00Z".into(),
+        checksum: "crc32c".into(),
+        files,
+        aliases: Vec::new(),
+        metadata: serde_json::Map::new(),
+    })
+}

@@ -1,0 +1,107 @@
+//! Scale model of shardstream: what a cluster shape, a dataset shape and a store profile cost
+//! in requests, bytes, cache and time, computed by running the real sample order and fetch
+//! planning (`shardstream_streamer::order`, `EpochOrder::shards_needed`, the fetch's request
+//! split `fetch_parts`) and the real checkpoint arithmetic (`RatePlan`, `Manifest`), not a
+//! re-implementation of them.
+//!
+//! - [`plan`]: one node's downloads step by step, through an LRU cache under its limit.
+//! - [`epoch`]: the epoch over the cluster: amplification, cache need, GET/s per prefix.
+//! - [`startup`]: time to the first batch of every rank on a cold start.
+//! - [`shaping`]: the rate a prefix sees with the client-side shaping on or off.
+//! - [`resize`]: what a mid-epoch change of the node count moves and fetches again.
+//! - [`checkpoint`]: a save's PUT profile, manifest size and commit.
+//!
+//! `docs/scale.md` describes the model, its approximations and its validation against real
+//! runs; `shardstream simulate` is its command line.
+//!
+//! ```
+//! use shardstream_sim::{simulate, SimConfig};
+//!
+//! let mut config = SimConfig::default();
+//! config.cluster.nodes = 4;
+//! config.cluster.ranks_per_node = 2;
+//! config.cluster.workers = 2;
+//! config.dataset.shards = 64;
+//! let report = simulate(&config)?;
+//! assert!(report.epoch.amplification >= 1.0);
+//! # Ok::<(), shardstream_sim::SimError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+pub mod config;
+pub mod epoch;
+mod error;
+pub mod plan;
+pub mod report;
+pub mod resize;
+pub mod shaping;
+pub mod shards;
+pub mod startup;
+
+use std::time::Instant;
+
+use shardstream_streamer::order::{DatasetShape, EpochOrder, OrderConfig};
+
+pub use config::SimConfig;
+pub use error::{Result, SimError};
+pub use report::Report;
+
+/// The order settings the model runs: `config.order` with its lanes resolved.
+pub fn order_config(config: &SimConfig) -> OrderConfig {
+    OrderConfig {
+        seed: config.order.seed,
+        shuffle: config.order.shuffle,
+        window: config.order.window,
+        lanes: config.lanes(),
+        ramp: config.order.ramp,
+        sample_ramp: config.order.ramp,
+        ..OrderConfig::default()
+    }
+}
+
+/// Runs the whole model.
+pub fn simulate(config: &SimConfig) -> Result<Report> {
+    let started = Instant::now();
+    config.validate()?;
+    let shards = shards::Shards::from_config(&config.dataset)?;
+    let shape = DatasetShape::single(shards.samples.clone())?;
+    let order = EpochOrder::new(&shape, &order_config(config), config.order.epoch)?;
+    let epoch = epoch::model_epoch(config, &order, &shards)?;
+    let startup = startup::model_startup(config, &order, &shards)?;
+    let clients = if config.shaping.per_node {
+        u64::from(config.cluster.nodes)
+    } else {
+        u64::from(config.cluster.nodes)
+            * u64::from(config.cluster.ranks_per_node)
+            * u64::from(config.cluster.workers)
+    };
+    let demand = epoch.get_per_s_per_prefix_mean;
+    let mut off = config.shaping.clone();
+    off.enabled = false;
+    let mut on = config.shaping.clone();
+    on.enabled = true;
+    let limit = config.store.get_limit;
+    let rates = vec![
+        shaping::model_prefix(demand, clients, limit, &off, config.model.seconds),
+        shaping::model_prefix(demand, clients, limit, &on, config.model.seconds),
+    ];
+    let resize = match &config.resize {
+        Some(r) => Some(resize::model_resize(config, &order, &shards, r)?),
+        None => None,
+    };
+    let checkpoint = checkpoint::model_checkpoint(config)?;
+    Ok(Report {
+        config: config.clone(),
+        shards: shards.len() as u64,
+        samples: shape.num_samples(),
+        order_heap_bytes: order.heap_bytes() as u64,
+        epoch,
+        startup,
+        rates,
+        resize,
+        checkpoint,
+        model_seconds: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,249 @@
+//! The request rate one prefix sees when many processes want more than it serves, with the
+//! client-side shaping on or off.
+//!
+//! A fluid model in steps of 10 ms. `clients` processes together want `demand` GET/s from
+//! one prefix, which answers at most `limit` per second and `503` to the rest (spread evenly
+//! over the senders). A throttled attempt is retried after the store's backoff
+//! (`storage::RetryPolicy`: between `init_backoff` and `base^attempt x init_backoff`, at most
+//! `max_backoff`, up to `max_retries` retries; then the request fails), spread evenly over that
+//! range. With shaping on, each process also runs the limiter of
+//! `storage::shaping` (token bucket per prefix, additive increase per unthrottled attempt,
+//! multiplicative decrease once per cooldown on a `503`): attempts beyond its rate wait in the
+//! process (a stall, not a request). Processes are simulated in 256 groups of equal
+//! behaviour; a group decreases when one of its processes would, with the probability that
+//! one of them saw a `503` in the step.
+
+use serde::Serialize;
+use shardstream_storage::RetryPolicy;
+
+use crate::config::Shaping;
+
+const DT: f64 = 0.01;
+const GROUPS: usize = 256;
+
+/// What the prefix saw.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RateReport {
+    /// Shaping on.
+    pub shaping: bool,
+    /// Processes sending to the prefix.
+    pub clients: u64,
+    /// Requests/s the processes want.
+    pub demand: f64,
+    /// The prefix's limit, requests/s.
+    pub limit: f64,
+    /// Attempts/s arriving at the prefix (retries included), mean over the second half.
+    pub offered: f64,
+    /// Highest attempts/s in any one second of the second half.
+    pub offered_peak: f64,
+    /// Attempts/s served, mean over the second half.
+    pub served: f64,
+    /// `503` replies per second, mean over the second half.
+    pub throttled: f64,
+    /// Requests/s that ran out of retries (errors), mean over the second half.
+    pub failed: f64,
+    /// Fraction of the seconds of the second half in which the prefix got more than its limit.
+    pub seconds_over_limit: f64,
+    /// Seconds modelled.
+    pub seconds: f64,
+}
+
+struct Group {
+    rate: f64,
+    tokens: f64,
+    cooldown_until: f64,
+    backlog: f64,
+}
+
+/// splitmix64, for the groups' decrease draws (deterministic).
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Plays `seconds` of `clients` processes wanting `demand` requests/s from a prefix of
+/// `limit` requests/s.
+pub fn model_prefix(
+    demand: f64,
+    clients: u64,
+    limit: f64,
+    shaping: &Shaping,
+    seconds: f64,
+) -> RateReport {
+    let retry = RetryPolicy::default();
+    let steps = (seconds / DT).ceil().max(2.0) as usize;
+    let init = retry.init_backoff.as_secs_f64();
+    let max_backoff = retry.max_backoff.as_secs_f64();
+    let attempts = retry.max_retries;
+    // retries[a][step]: attempts of retry number a+1 due at step.
+    let mut retries = vec![vec![0f64; steps + 1]; attempts];
+    let groups = (clients.max(1) as usize).min(GROUPS);
+    let per_group = clients.max(1) as f64 / groups as f64;
+    let mut g: Vec<Group> = (0..groups)
+        .map(|_| Group {
+            rate: shaping.start_rate,
+            tokens: shaping.start_rate * shaping.burst_seconds,
+            cooldown_until: 0.0,
+            backlog: 0.0,
+        })
+        .collect();
+    let mut draws = Draws(0x5EED);
+    let half = steps / 2;
+    let per_second = (1.0 / DT).round() as usize;
+    let (mut offered, mut served, mut throttled, mut failed) = (0.0, 0.0, 0.0, 0.0);
+    let mut second = 0.0;
+    let (mut seconds_seen, mut seconds_over, mut offered_peak) = (0u64, 0u64, 0f64);
+    for step in 0..steps {
+        let t = step as f64 * DT;
+        let due: Vec<f64> = retries.iter().map(|r| r[step]).collect();
+        let due_total: f64 = due.iter().sum();
+        // Each group's fresh attempts and its share of the retries due.
+        let mut sent = vec![0f64; groups];
+        for (i, grp) in g.iter_mut().enumerate() {
+            let want = demand * DT / groups as f64 + due_total / groups as f64 + grp.backlog;
+            sent[i] = if shaping.enabled {
+                let per_client_rate = grp.rate;
+                grp.tokens = (grp.tokens + per_client_rate * DT)
+                    .min((per_client_rate * shaping.burst_seconds).max(1.0));
+                let allowed = grp.tokens.max(0.0) * per_group;
+                let s = want.min(allowed);
+                grp.tokens -= s / per_group;
+                grp.backlog = want - s;
+                s
+            } else {
+                grp.backlog = 0.0;
+                want
+            };
+        }
+        let total: f64 = sent.iter().sum();
+        let cap = limit * DT;
+        let ok = total.min(cap);
+        let bad = total - ok;
+        let phi = if total > 0.0 { bad / total } else { 0.0 };
+        // Throttled attempts: the share that were retries of number a goes on as a+1.
+        let fresh_share = if total > 0.0 {
+            ((total - due_total) / total).max(0.0)
+        } else {
+            1.0
+        };
+        let mut schedule = |a: usize, volume: f64, failed: &mut f64| {
+            if volume <= 0.0 {
+                return;
+            }
+            if a >= attempts {
+                *failed += volume;
+                return;
+            }
+            let hi = (init * retry.base.powi(a as i32 + 1))
+                .min(max_backoff)
+                .max(init);
+            let lo_step = step + (init / DT).ceil() as usize;
+            let hi_step = step + (hi / DT).ceil() as usize;
+            let n = (hi_step - lo_step + 1) as f64;
+            let last = hi_step.min(steps);
+            if lo_step <= last {
+                for slot in &mut retries[a][lo_step..=last] {
+                    *slot += volume / n;
+                }
+            }
+        };
+        let mut failed_now = 0.0;
+        schedule(0, bad * fresh_share, &mut failed_now);
+        if due_total > 0.0 {
+            for (a, d) in due.iter().enumerate() {
+                schedule(
+                    a + 1,
+                    bad * d / total.max(f64::MIN_POSITIVE),
+                    &mut failed_now,
+                );
+            }
+        }
+        if shaping.enabled {
+            for (i, grp) in g.iter_mut().enumerate() {
+                let per_client = sent[i] / per_group;
+                let p_throttled = 1.0 - (-phi * per_client).exp();
+                let ok_client = per_client * (1.0 - phi);
+                grp.rate = (grp.rate + ok_client * shaping.increase / grp.rate.max(1e-9))
+                    .min(shaping.max_rate);
+                if phi > 0.0 && t >= grp.cooldown_until && draws.next() < p_throttled {
+                    grp.rate = (grp.rate * shaping.decrease).max(shaping.min_rate);
+                    grp.tokens = 0.0;
+                    grp.cooldown_until = t + shaping.cooldown;
+                }
+            }
+        }
+        if step >= half {
+            offered += total;
+            served += ok;
+            throttled += bad;
+            failed += failed_now;
+            second += total;
+            if (step + 1 - half) % per_second == 0 {
+                seconds_seen += 1;
+                if second > limit * 1.000_001 {
+                    seconds_over += 1;
+                }
+                offered_peak = offered_peak.max(second);
+                second = 0.0;
+            }
+        }
+    }
+    let span = (steps - half) as f64 * DT;
+    RateReport {
+        shaping: shaping.enabled,
+        clients,
+        demand,
+        limit,
+        offered: offered / span,
+        offered_peak,
+        served: served / span,
+        throttled: throttled / span,
+        failed: failed / span,
+        seconds_over_limit: if seconds_seen == 0 {
+            0.0
+        } else {
+            seconds_over as f64 / seconds_seen as f64
+        },
+        seconds: steps as f64 * DT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_the_limit_every_request_is_served_once() {
+        for enabled in [false, true] {
+            let shaping = Shaping {
+                enabled,
+                ..Shaping::default()
+            };
+            let r = model_prefix(1000.0, 64, 5500.0, &shaping, 10.0);
+            assert!((r.offered - 1000.0).abs() < 1.0, "{r:?}");
+            assert_eq!(r.throttled, 0.0);
+        }
+    }
+
+    #[test]
+    fn over_the_limit_retries_inflate_the_offer_and_shaping_with_room_caps_it() {
+        let off = Shaping {
+            enabled: false,
+            ..Shaping::default()
+        };
+        let r = model_prefix(10_000.0, 64, 5500.0, &off, 30.0);
+        assert!(r.offered > 10_000.0 && r.served <= 5500.0 + 1e-6, "{r:?}");
+        // 64 processes: their floor (64 x min_rate) is far under the limit, so AIMD settles.
+        let on = Shaping::default();
+        let r = model_prefix(10_000.0, 64, 5500.0, &on, 60.0);
+        assert!(r.offered < 5500.0 * 1.5, "{r:?}");
+    }
+}
