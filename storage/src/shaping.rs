@@ -36,7 +36,7 @@
 //!
 //! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and process (a
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
-//! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 50/s per second, `decrease` 0.5,
+//! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
 //! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2. The `SHARDSTREAM_SHAPING*`
 //! variables ([`ShapingConfig::from_env`]) change them.
 //!
@@ -108,7 +108,7 @@ impl Default for ShapingConfig {
             start_rate: 2000.0,
             min_rate: 1.0,
             max_rate: 20_000.0,
-            increase: 50.0,
+            increase: 10.0,
             decrease: 0.5,
             cooldown: Duration::from_millis(500),
             burst_seconds: 0.25,
@@ -454,7 +454,7 @@ mod tests {
         assert_eq!(shaper.state("p").unwrap().rate, 2.5);
         // Each success adds increase / rate: about `increase` per second at that rate.
         shaper.succeeded("p");
-        assert_eq!(shaper.state("p").unwrap().rate, 2.5 + 50.0 / 2.5);
+        assert_eq!(shaper.state("p").unwrap().rate, 2.5 + 10.0 / 2.5);
         assert_eq!(shaper.state("p").unwrap().decreases, 2);
         let capped = Shaper::new(ShapingConfig {
             max_rate: 100.0,

@@ -2,6 +2,10 @@
 //! one precedence the whole product follows: an argument (a flag, a Python keyword, a
 //! [`crate::StreamingConfig`] field) beats the environment, which beats the default. The deploy
 //! manifests' ConfigMap sets these; `docs/configuration.md` lists them all.
+//!
+//! Request shaping (`SHARDSTREAM_SHAPING*`) is read by the storage layer, since datasets,
+//! checkpoints and the CLI all need it: see `shardstream_storage::shaping`, whose names are
+//! re-exported here so that this stays the one list.
 
 use std::time::Duration;
 
@@ -13,6 +17,11 @@ pub const MEMORY_LIMIT_ENV: &str = "SHARDSTREAM_MEMORY_LIMIT";
 pub const CACHE_LIMIT_ENV: &str = "SHARDSTREAM_CACHE_LIMIT";
 /// How long transient storage failures of one shard are retried, in seconds.
 pub const RETRY_WINDOW_ENV: &str = "SHARDSTREAM_RETRY_WINDOW";
+pub use shardstream_storage::shaping::{
+    DECREASE_ENV as SHAPING_DECREASE_ENV, INCREASE_ENV as SHAPING_INCREASE_ENV,
+    MAX_RATE_ENV as SHAPING_MAX_RATE_ENV, MIN_RATE_ENV as SHAPING_MIN_RATE_ENV, SHAPING_ENV,
+    START_RATE_ENV as SHAPING_START_RATE_ENV,
+};
 /// Default retry window: how long transient storage failures of one shard are retried before
 /// its fetch fails.
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(120);
