@@ -6,6 +6,7 @@
 //! cargo run --release -p shardstream-sharding --example index_scale -- json /tmp/idx
 //! cargo run --release -p shardstream-sharding --example index_scale -- bin /tmp/idx
 //! cargo run --release -p shardstream-sharding --example index_scale -- view /tmp/idx
+//! cargo run --release -p shardstream-sharding --example index_scale -- json-view /tmp/idx
 //! ```
 
 use std::collections::BTreeMap;
@@ -56,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (mode, dir) = match (args.get(1), args.get(2)) {
         (Some(m), Some(d)) => (m.as_str(), Path::new(d)),
-        _ => return Err("usage: index_scale gen|json|bin|view DIR [SHARDS]".into()),
+        _ => return Err("usage: index_scale gen|json|json-view|bin|view DIR [SHARDS]".into()),
     };
     match mode {
         "gen" => {
@@ -71,6 +72,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "{n} shards: index.json {} bytes, index.ssx {} bytes",
                 json.len(),
                 bin.len()
+            );
+        }
+        "json-view" => {
+            let start = Instant::now();
+            let bytes = std::fs::read(dir.join("index.json"))?;
+            let view = index_bin::view_from_json("index.json", &bytes)?;
+            drop(bytes);
+            println!(
+                "index.json streamed into a view: {} shards, read+parse+check {:.2} s, peak RSS {:.0} MiB",
+                view.len(),
+                start.elapsed().as_secs_f64(),
+                peak_rss_mib()
             );
         }
         "view" => {

@@ -94,13 +94,14 @@ fn invalid(path: &str, reason: impl Into<String>) -> FormatError {
 
 struct Strings {
     bytes: Vec<u8>,
-    seen: HashMap<String, (u32, u32)>,
 }
 
 impl Strings {
+    /// Appends `s` (an empty string takes no room); schemas are shared by [`Builder`] and
+    /// basenames are unique, so nothing else is worth looking up.
     fn add(&mut self, s: &str) -> Result<(u32, u32)> {
-        if let Some(r) = self.seen.get(s) {
-            return Ok(*r);
+        if s.is_empty() {
+            return Ok((0, 0));
         }
         let too_big =
             || FormatError::InvalidArgument("binary index string table over 4 GiB".into());
@@ -108,10 +109,6 @@ impl Strings {
         let len = u32::try_from(s.len()).map_err(|_| too_big())?;
         off.checked_add(len).ok_or_else(too_big)?;
         self.bytes.extend_from_slice(s.as_bytes());
-        // Basenames are unique: remember only short, shared strings (hash lists are not).
-        if s.len() <= 64 && !s.contains('.') {
-            self.seen.insert(s.to_string(), (off, len));
-        }
         Ok((off, len))
     }
 }
@@ -129,26 +126,37 @@ fn hashes_text(h: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The binary form of `index`, which was written as the bytes `json`.
-pub fn to_bytes(index: &Index, json: &[u8]) -> Result<Vec<u8>> {
-    let mut strings = Strings {
-        bytes: Vec::new(),
-        seen: HashMap::new(),
-    };
-    let mut schemas: Vec<(u32, u32)> = Vec::new();
-    let mut schema_ids: HashMap<Schema, u32> = HashMap::new();
-    let mut records = Vec::with_capacity(index.shards.len().saturating_mul(RECORD));
-    for shard in &index.shards {
+/// Builds a binary index one shard at a time.
+struct Builder {
+    strings: Strings,
+    schemas: Vec<(u32, u32)>,
+    schema_ids: HashMap<Schema, u32>,
+    records: Vec<u8>,
+    shards: u64,
+}
+
+impl Builder {
+    fn new(shards_hint: usize) -> Self {
+        Self {
+            strings: Strings { bytes: Vec::new() },
+            schemas: Vec::new(),
+            schema_ids: HashMap::new(),
+            records: Vec::with_capacity(shards_hint.min(1 << 24).saturating_mul(RECORD)),
+            shards: 0,
+        }
+    }
+
+    fn add(&mut self, shard: &ShardInfo) -> Result<()> {
         let schema = Schema::of(shard);
-        let id = match schema_ids.get(&schema) {
+        let id = match self.schema_ids.get(&schema) {
             Some(id) => *id,
             None => {
                 let text = serde_json::to_string(&schema)
                     .map_err(|e| FormatError::InvalidArgument(e.to_string()))?;
-                let id = u32::try_from(schemas.len())
+                let id = u32::try_from(self.schemas.len())
                     .map_err(|_| FormatError::InvalidArgument("too many schemas".into()))?;
-                schemas.push(strings.add(&text)?);
-                schema_ids.insert(schema, id);
+                self.schemas.push(self.strings.add(&text)?);
+                self.schema_ids.insert(schema, id);
                 id
             }
         };
@@ -159,45 +167,146 @@ pub fn to_bytes(index: &Index, json: &[u8]) -> Result<Vec<u8>> {
             hashes: BTreeMap::new(),
         };
         let zip = shard.zip_data.as_ref().unwrap_or(&empty);
+        let records = &mut self.records;
         records.extend_from_slice(&id.to_le_bytes());
         records.extend_from_slice(&flags.to_le_bytes());
         records.extend_from_slice(&shard.samples.to_le_bytes());
         records.extend_from_slice(&shard.raw_data.bytes.to_le_bytes());
         records.extend_from_slice(&zip.bytes.to_le_bytes());
         for text in [
-            shard.raw_data.basename.clone(),
-            hashes_text(&shard.raw_data.hashes),
-            zip.basename.clone(),
-            hashes_text(&zip.hashes),
+            shard.raw_data.basename.as_str(),
+            &hashes_text(&shard.raw_data.hashes),
+            zip.basename.as_str(),
+            &hashes_text(&zip.hashes),
         ] {
-            let (off, len) = strings.add(&text)?;
+            let (off, len) = self.strings.add(text)?;
             records.extend_from_slice(&off.to_le_bytes());
             records.extend_from_slice(&len.to_le_bytes());
         }
+        self.shards += 1;
+        Ok(())
     }
-    let mut out = Vec::with_capacity(
-        HEADER + schemas.len() * SCHEMA_REF + records.len() + strings.bytes.len(),
-    );
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&LAYOUT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(HEADER as u32).to_le_bytes());
-    for n in [
-        index.shards.len() as u64,
-        schemas.len() as u64,
-        strings.bytes.len() as u64,
-        json.len() as u64,
-        xxhash_rust::xxh64::xxh64(json, 0),
-        0,
-    ] {
-        out.extend_from_slice(&n.to_le_bytes());
+
+    fn finish(self, json: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            HEADER
+                + self.schemas.len() * SCHEMA_REF
+                + self.records.len()
+                + self.strings.bytes.len(),
+        );
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&LAYOUT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(HEADER as u32).to_le_bytes());
+        for n in [
+            self.shards,
+            self.schemas.len() as u64,
+            self.strings.bytes.len() as u64,
+            json.len() as u64,
+            xxhash_rust::xxh64::xxh64(json, 0),
+            0,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for (off, len) in self.schemas {
+            out.extend_from_slice(&off.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        out.extend_from_slice(&self.records);
+        out.extend_from_slice(&self.strings.bytes);
+        out
     }
-    for (off, len) in schemas {
-        out.extend_from_slice(&off.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// The binary form of `index`, which was written as the bytes `json`.
+pub fn to_bytes(index: &Index, json: &[u8]) -> Result<Vec<u8>> {
+    let mut builder = Builder::new(index.shards.len());
+    for shard in &index.shards {
+        builder.add(shard)?;
     }
-    out.extend_from_slice(&records);
-    out.extend_from_slice(&strings.bytes);
-    Ok(out)
+    Ok(builder.finish(json))
+}
+
+/// Reads `index.json` bytes (from `path`) straight into an [`IndexView`], one shard entry at a
+/// time: no JSON tree and no [`Index`] (each shard is deserialised, checked, appended to the
+/// binary form and dropped). Peak memory is the JSON bytes plus the binary form. An index this
+/// refuses is refused by [`Index::from_json`] too; the error may read differently.
+pub fn view_from_json(path: &str, json: &[u8]) -> Result<IndexView> {
+    use serde::de::{
+        DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
+    use std::fmt;
+
+    struct Top<'a> {
+        builder: &'a mut Builder,
+        path: &'a str,
+    }
+    struct Shards<'a> {
+        builder: &'a mut Builder,
+        path: &'a str,
+    }
+    impl<'de> Visitor<'de> for Shards<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of shard entries")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+            let mut i = 0usize;
+            while let Some(shard) = seq.next_element::<ShardInfo>()? {
+                shard.validate(self.path, i).map_err(A::Error::custom)?;
+                self.builder.add(&shard).map_err(A::Error::custom)?;
+                i += 1;
+            }
+            Ok(())
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Shards<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Top<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an MDS index object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+            let (mut version, mut shards) = (None, false);
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "version" => version = Some(map.next_value::<u64>()?),
+                    "shards" if !shards => {
+                        map.next_value_seed(Shards {
+                            builder: &mut *self.builder,
+                            path: self.path,
+                        })?;
+                        shards = true;
+                    }
+                    "shards" => return Err(A::Error::custom("shards appears twice")),
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            match (version, shards) {
+                (Some(2), true) => Ok(()),
+                (Some(v), _) if v != 2 => Err(A::Error::custom(format!(
+                    "unsupported index version {v} (only 2)"
+                ))),
+                _ => Err(A::Error::custom("missing version or shards")),
+            }
+        }
+    }
+
+    let mut builder = Builder::new(0);
+    let mut de = serde_json::Deserializer::from_slice(json);
+    de.deserialize_map(Top {
+        builder: &mut builder,
+        path,
+    })
+    .and_then(|()| de.end())
+    .map_err(|e| invalid(path, e.to_string()))?;
+    IndexView::parse(path, builder.finish(json))
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -360,7 +469,7 @@ pub struct ShardRef<'a> {
 }
 
 /// The binary index read in place: its bytes plus the distinct schemas, nothing per shard
-/// (about 125 bytes a shard, against ~2 KiB a shard for a parsed [`Index`]). Every record is
+/// (about 150 bytes a shard, against ~2 KiB a shard for a parsed [`Index`]). Every record is
 /// checked when the view is made, so [`IndexView::shard`] cannot fail on a valid index.
 #[derive(Debug)]
 pub struct IndexView {
@@ -658,6 +767,28 @@ mod tests {
         let bin = to_bytes(&evil, b"{}").unwrap();
         let err = IndexView::parse("ds/index.ssx", bin).unwrap_err();
         assert!(err.to_string().contains("ds/index.ssx"), "{err}");
+    }
+
+    #[test]
+    fn index_json_reads_into_a_view_one_shard_at_a_time() {
+        let index = index(30);
+        let json = index.to_json();
+        let view = view_from_json("index.json", json.as_bytes()).unwrap();
+        let bin = to_bytes(&index, json.as_bytes()).unwrap();
+        assert_eq!(view.bytes, bin);
+        for bad in [
+            r#"{"shards": [], "version": 3}"#,
+            r#"{"shards": []}"#,
+            r#"{"shards": [{}], "version": 2}"#,
+            r#"{"shards": [], "version": 2} x"#,
+        ] {
+            let err = view_from_json("ds/index.json", bad.as_bytes()).unwrap_err();
+            assert!(err.to_string().contains("ds/index.json"), "{err}");
+            assert!(
+                Index::from_json("ds/index.json", bad.as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
