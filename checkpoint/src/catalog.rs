@@ -137,8 +137,12 @@ impl CheckpointRoot {
     }
 
     /// The newest committed checkpoint, if any: the last committed (see the module docs), not
-    /// the highest step.
+    /// the highest step. Read from the pointer the last commit wrote when it names a committed
+    /// checkpoint, else by listing the root (see `latest.rs`).
     pub async fn latest(&self) -> Result<Option<CheckpointInfo>> {
+        if let Some(info) = self.latest_from_pointer().await? {
+            return Ok(Some(info));
+        }
         Ok(self.list().await?.pop())
     }
 }

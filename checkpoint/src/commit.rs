@@ -237,6 +237,7 @@ impl CheckpointRoot {
         }
         self.verify_manifest(attempt, &manifest, &mpath).await?;
         add(&self.metrics().commits, 1);
+        self.write_latest_pointer(&manifest).await;
         info!(
             files = manifest.files.len(),
             bytes = manifest.total_bytes(),

@@ -12,3 +12,4 @@ mod ignored_condition;
 mod odd_keys;
 mod protocol;
 mod s3_moto;
+mod scale;

@@ -10,6 +10,7 @@ mod litdata_interop;
 mod mds_errors;
 mod mds_format;
 mod mds_interop;
+mod mds_prefixes;
 mod mds_proptest;
 mod mds_pyjson;
 mod wds_interop;

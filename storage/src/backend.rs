@@ -12,6 +12,7 @@ use crate::env::{Env, S3Settings};
 use crate::error::{Result, StorageError};
 use crate::listing::KeySafeStore;
 use crate::options::StorageOptions;
+use crate::shaping::{ShapingConfig, ShapingConnector};
 use crate::url::StorageUrl;
 
 /// Builds the store for `url`, configured from `env` and `options`. Remote stores are wrapped
@@ -22,6 +23,16 @@ pub(crate) fn build(
     options: &StorageOptions,
 ) -> Result<Arc<dyn ObjectStore>> {
     env.register_secrets();
+    // The one place request shaping is inserted: below object_store's retry loop, so that
+    // retries are paced too (see `shaping`).
+    let shaper = match &options.shaping {
+        Some(config) => {
+            config.check()?;
+            config.shaper()
+        }
+        None => ShapingConfig::from_env(env)?.shaper(),
+    };
+    let connector = || shaper.clone().map(ShapingConnector::new);
     let config_error = |e: object_store::Error| StorageError::Config {
         url: url.to_string(),
         reason: e.to_string(),
@@ -39,9 +50,12 @@ pub(crate) fn build(
             let client = options
                 .client_options(settings.allow_http)
                 .with_no_system_certificates(settings.plain_http_only());
-            let builder = AmazonS3Builder::new()
+            let mut builder = AmazonS3Builder::new()
                 .with_client_options(client)
                 .with_retry(options.retry.to_retry_config());
+            if let Some(c) = connector() {
+                builder = builder.with_http_connector(c);
+            }
             let store = settings
                 .apply(builder)
                 .with_bucket_name(bucket)
@@ -53,6 +67,9 @@ pub(crate) fn build(
             let mut builder = GoogleCloudStorageBuilder::new()
                 .with_client_options(options.client_options(options.allow_http.unwrap_or(false)))
                 .with_retry(options.retry.to_retry_config());
+            if let Some(c) = connector() {
+                builder = builder.with_http_connector(c);
+            }
             for (key, value) in env.with_prefix("GOOGLE_") {
                 if let Ok(key) = key.to_ascii_lowercase().parse::<GoogleConfigKey>() {
                     builder = builder.with_config(key, value);
@@ -71,6 +88,9 @@ pub(crate) fn build(
             let mut builder = MicrosoftAzureBuilder::new()
                 .with_client_options(options.client_options(options.allow_http.unwrap_or(false)))
                 .with_retry(options.retry.to_retry_config());
+            if let Some(c) = connector() {
+                builder = builder.with_http_connector(c);
+            }
             for (key, value) in env.with_prefix("AZURE_") {
                 if let Ok(key) = key.to_ascii_lowercase().parse::<AzureConfigKey>() {
                     builder = builder.with_config(key, value);

@@ -10,7 +10,8 @@
 //! - Transient failures (5xx, 429, `SlowDown`, timeouts, refused connections) are retried
 //!   with exponential backoff and jitter. No request moves more than one chunk or part, so
 //!   every request has a bounded timeout while a large transfer may take as long as it needs
-//!   (the arithmetic is in [`options`]).
+//!   (the arithmetic is in [`options`]). Every attempt, retries included, is paced per key
+//!   prefix by an adaptive limiter that backs off when the store throttles ([`shaping`]).
 //! - Large objects are read as parallel ranged GETs and written as parallel multipart
 //!   uploads, with memory bounded by `concurrency x chunk size`. Downloads land in files that
 //!   appear only complete; [`Location::put_if_absent`] is a create-only conditional put.
@@ -56,6 +57,7 @@ pub mod listing;
 mod location;
 pub mod options;
 pub mod redact;
+pub mod shaping;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

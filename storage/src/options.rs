@@ -26,6 +26,8 @@ use std::time::Duration;
 
 use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
+use crate::shaping::ShapingConfig;
+
 /// One MiB.
 pub const MIB: usize = 1024 * 1024;
 
@@ -123,6 +125,9 @@ pub struct StorageOptions {
     pub chunk_size: usize,
     /// Size of one multipart part; files larger than this are uploaded in parts.
     pub part_size: usize,
+    /// Request shaping of remote stores; `None`: from the `SHARDSTREAM_SHAPING*` environment
+    /// (see [`crate::shaping`]).
+    pub shaping: Option<ShapingConfig>,
 }
 
 impl std::fmt::Debug for StorageOptions {
@@ -139,6 +144,7 @@ impl std::fmt::Debug for StorageOptions {
             .field("concurrency", &self.concurrency)
             .field("chunk_size", &self.chunk_size)
             .field("part_size", &self.part_size)
+            .field("shaping", &self.shaping)
             .finish()
     }
 }
@@ -154,6 +160,7 @@ impl Default for StorageOptions {
             concurrency: 8,
             chunk_size: 8 * MIB,
             part_size: 8 * MIB,
+            shaping: None,
         }
     }
 }
@@ -204,6 +211,12 @@ impl StorageOptions {
     /// Sets the multipart part size (at least S3's 5 MiB minimum).
     pub fn with_part_size(mut self, bytes: usize) -> Self {
         self.part_size = bytes.max(MIN_PART_SIZE);
+        self
+    }
+
+    /// Sets the request shaping, instead of the environment's.
+    pub fn with_shaping(mut self, shaping: ShapingConfig) -> Self {
+        self.shaping = Some(shaping);
         self
     }
 

@@ -12,3 +12,4 @@ mod faults;
 mod odd_keys;
 mod s3_moto;
 mod secrets;
+mod shaping;

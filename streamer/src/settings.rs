@@ -2,6 +2,10 @@
 //! one precedence the whole product follows: an argument (a flag, a Python keyword, a
 //! [`crate::StreamingConfig`] field) beats the environment, which beats the default. The deploy
 //! manifests' ConfigMap sets these; `docs/configuration.md` lists them all.
+//!
+//! Request shaping (`SHARDSTREAM_SHAPING*`) is read by the storage layer, since datasets,
+//! checkpoints and the CLI all need it: see `shardstream_storage::shaping`, whose names are
+//! re-exported here so that this stays the one list.
 
 use std::time::Duration;
 
@@ -13,6 +17,39 @@ pub const MEMORY_LIMIT_ENV: &str = "SHARDSTREAM_MEMORY_LIMIT";
 pub const CACHE_LIMIT_ENV: &str = "SHARDSTREAM_CACHE_LIMIT";
 /// How long transient storage failures of one shard are retried, in seconds.
 pub const RETRY_WINDOW_ENV: &str = "SHARDSTREAM_RETRY_WINDOW";
+pub use shardstream_storage::shaping::{
+    DECREASE_ENV as SHAPING_DECREASE_ENV, INCREASE_ENV as SHAPING_INCREASE_ENV,
+    MAX_RATE_ENV as SHAPING_MAX_RATE_ENV, MIN_RATE_ENV as SHAPING_MIN_RATE_ENV, SHAPING_ENV,
+    START_RATE_ENV as SHAPING_START_RATE_ENV,
+};
+/// Longest random delay, in seconds, before a remote `index.json` is fetched from the store:
+/// many nodes starting together then spread their GETs of that one key over this window.
+pub const INDEX_JITTER_ENV: &str = "SHARDSTREAM_INDEX_JITTER";
+/// Largest accepted [`INDEX_JITTER_ENV`].
+pub const MAX_INDEX_JITTER: Duration = Duration::from_secs(60);
+
+/// The start jitter an environment sets (seconds, at most [`MAX_INDEX_JITTER`]), else none.
+pub fn index_jitter(env: &dyn Fn(&str) -> Option<String>) -> Duration {
+    env(INDEX_JITTER_ENV)
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s).min(MAX_INDEX_JITTER))
+        .unwrap_or(Duration::ZERO)
+}
+
+/// A delay drawn uniformly from `[0, max]` (a fresh random seed each call, from the standard
+/// library's hasher keys: no generator to share between forked processes).
+pub fn random_delay(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    if max.is_zero() {
+        return Duration::ZERO;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    max.mul_f64(unit)
+}
+
 /// Default retry window: how long transient storage failures of one shard are retried before
 /// its fetch fails.
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(120);
@@ -109,6 +146,19 @@ mod tests {
         let bad = env_of(CACHE_LIMIT_ENV, "lots");
         let err = byte_size(None, CACHE_LIMIT_ENV, &bad).unwrap_err();
         assert!(err.to_string().contains(CACHE_LIMIT_ENV), "{err}");
+    }
+
+    #[test]
+    fn the_index_jitter_is_bounded_and_off_by_default() {
+        assert_eq!(index_jitter(&|_| None), Duration::ZERO);
+        let env = |value: &'static str| env_of(INDEX_JITTER_ENV, value);
+        assert_eq!(index_jitter(&env("2")), Duration::from_secs(2));
+        assert_eq!(index_jitter(&env("1e9")), MAX_INDEX_JITTER);
+        assert_eq!(index_jitter(&env("-1")), Duration::ZERO);
+        for _ in 0..100 {
+            assert!(random_delay(Duration::from_secs(2)) <= Duration::from_secs(2));
+        }
+        assert_eq!(random_delay(Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

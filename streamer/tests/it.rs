@@ -18,3 +18,4 @@ mod dataset_prefetch;
 mod dataset_random_access;
 mod dataset_stream;
 mod order_contract;
+mod storm;

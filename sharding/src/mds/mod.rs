@@ -10,6 +10,7 @@
 //! - Reading: [`MdsDataset`] for a local folder; for bytes from anywhere,
 //!   [`Index::from_json`], [`decode_stored_shard`] (verify + bounded decompress) and
 //!   [`ShardReader`] (zero-copy sample access, checked offsets).
+//! - [`index_bin`]: `index.ssx`, a compact binary form of `index.json` written beside it.
 //! - Merging the indexes of parts: [`merge_indexes`] and [`Index::to_merged_json`].
 //! - [`pyjson`]: Python's `json.dumps` and float `repr`, which every JSON byte MDS stores follows.
 //!
@@ -37,6 +38,7 @@ mod codec;
 pub mod dataset;
 pub mod encoding;
 pub mod index;
+pub mod index_bin;
 mod ndarray;
 pub mod pyjson;
 mod pytext;

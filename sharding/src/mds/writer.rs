@@ -195,9 +195,28 @@ pub struct MdsWriter {
     failed: bool,
     scratch: Vec<u8>,
     samples_written: u64,
+    prefixes: u32,
+}
+
+/// The folder of shard `seq` among `prefixes` hashed ones (`p00` .. `p{n-1}` in hex), so that
+/// consecutive shards land under different key prefixes of an object store.
+pub fn shard_prefix(seq: usize, prefixes: u32) -> String {
+    let width = format!("{:x}", prefixes.saturating_sub(1).max(1))
+        .len()
+        .max(2);
+    let slot =
+        xxhash_rust::xxh64::xxh64(&(seq as u64).to_le_bytes(), 0) % u64::from(prefixes.max(1));
+    format!("p{slot:0width$x}")
 }
 
 impl MdsWriter {
+    /// Writes shards under `prefixes` hashed folders (`p07/shard.00012.mds`) instead of the
+    /// dataset's top folder; 0 or 1 keeps them at the top. The index's basenames carry the
+    /// folder, as those of Mosaic's `merge_index` do, so Mosaic reads the dataset unchanged.
+    pub fn spread_over_prefixes(&mut self, prefixes: u32) {
+        self.prefixes = prefixes;
+    }
+
     /// A writer for `columns` (name to encoding string, any order) with `options`, storing files
     /// through `sink`.
     pub fn new(
@@ -272,6 +291,7 @@ impl MdsWriter {
             failed: false,
             scratch: Vec::new(),
             samples_written: 0,
+            prefixes: 0,
         })
     }
 
@@ -369,7 +389,11 @@ impl MdsWriter {
     }
 
     fn raw_name(&self, seq: usize) -> String {
-        format!("shard.{seq:05}.mds")
+        if self.prefixes > 1 {
+            format!("{}/shard.{seq:05}.mds", shard_prefix(seq, self.prefixes))
+        } else {
+            format!("shard.{seq:05}.mds")
+        }
     }
 
     fn flush_shard(&mut self) -> Result<()> {

@@ -43,7 +43,7 @@ pub use counting::{CountingStore, Counts};
 pub use failing::{FailRule, FailingStore, Fault};
 pub use gate::{GateCounts, GateStore};
 pub use moto::{free_port, options_for, test_env, MotoServer, MOTO_ENV};
-pub use proxy::FaultProxy;
+pub use proxy::{FaultProxy, WindowCount};
 pub use slow::SlowStore;
 
 use object_store::GetOptions;

@@ -6,14 +6,22 @@
 //! and otherwise forwards bytes to the real server. It can also strip `If-None-Match` from
 //! every request, to play an S3-compatible store that ignores conditional writes.
 //!
-//! Faults are decided per *connection*: a faulty reply closes its connection, so every
+//! With a request-rate limit set ([`FaultProxy::set_rate_limit`]) it plays S3's per-prefix
+//! throttling instead: it reads each request, answers `503 Slow Down` when the request's prefix
+//! (its path up to the last `/`) has had `limit` requests forwarded in the current one-second
+//! window, and otherwise forwards it on a fresh upstream connection, one request per client
+//! connection (`Connection: close`). It counts forwarded and throttled requests per prefix and
+//! window ([`FaultProxy::windows`]).
+//!
+//! Other faults are decided per *connection*: a faulty reply closes its connection, so every
 //! retry arrives on a new one; a connection already forwarding keeps forwarding. Arm the
 //! faults before the client under test connects.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -46,6 +54,22 @@ struct State {
     bytes_per_sec: AtomicU64,
     strip_if_none_match: AtomicBool,
     stripped: AtomicUsize,
+    rate_limit: AtomicU64,
+    started: Instant,
+    windows: Mutex<BTreeMap<(String, u64), WindowCount>>,
+}
+
+/// Requests of one prefix in one second of a rate-limited proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WindowCount {
+    /// The prefix: the request path up to its last `/` (`/bucket/ds/`).
+    pub prefix: String,
+    /// Whole seconds since the proxy started.
+    pub second: u64,
+    /// Requests forwarded to the server.
+    pub forwarded: u64,
+    /// Requests answered `503 Slow Down`.
+    pub throttled: u64,
 }
 
 impl State {
@@ -82,6 +106,9 @@ impl FaultProxy {
             bytes_per_sec: AtomicU64::new(0),
             strip_if_none_match: AtomicBool::new(false),
             stripped: AtomicUsize::new(0),
+            rate_limit: AtomicU64::new(0),
+            started: Instant::now(),
+            windows: Mutex::new(BTreeMap::new()),
         });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&state)));
         Ok(Self { addr, state, task })
@@ -133,6 +160,26 @@ impl FaultProxy {
         self.state.stripped.load(Ordering::SeqCst)
     }
 
+    /// Limits every prefix to `per_second` forwarded requests per one-second window (0: no
+    /// limit); requests beyond it are answered `503 Slow Down`. Applies to new connections.
+    pub fn set_rate_limit(&self, per_second: u64) {
+        self.state.rate_limit.store(per_second, Ordering::SeqCst);
+    }
+
+    /// What a rate-limited proxy saw so far, by prefix then second.
+    pub fn windows(&self) -> Vec<WindowCount> {
+        self.state
+            .windows
+            .lock()
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whole seconds since the proxy started: the current window of [`FaultProxy::windows`].
+    pub fn second(&self) -> u64 {
+        self.state.started.elapsed().as_secs()
+    }
+
     /// How many requests got a fault reply so far.
     pub fn failed(&self) -> usize {
         self.state.failed.load(Ordering::SeqCst)
@@ -170,6 +217,10 @@ async fn handle(mut client: TcpStream, state: Arc<State>) {
         // Swallow whatever arrives and never answer, until the client gives up.
         let mut sink = [0u8; 4096];
         while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+        return;
+    }
+    if state.rate_limit.load(Ordering::SeqCst) > 0 {
+        let _ = serve_limited(client, &state).await;
         return;
     }
     if state.take_failure() {
@@ -237,6 +288,102 @@ async fn handle(mut client: TcpStream, state: Arc<State>) {
         let _ = client_write.shutdown().await;
     };
     tokio::join!(requests, responses);
+}
+
+/// The rate-limited mode: one request of `client`, throttled or forwarded.
+async fn serve_limited(mut client: TcpStream, state: &State) -> std::io::Result<()> {
+    let head = read_head(&mut client).await?;
+    let body_len = content_length(&head);
+    if body_len > 256 * 1024 * 1024 {
+        return Err(std::io::ErrorKind::InvalidData.into());
+    }
+    let mut body = vec![0u8; body_len];
+    client.read_exact(&mut body).await?;
+    let target = head.split_whitespace().nth(1).unwrap_or("/");
+    let path = target.split('?').next().unwrap_or(target);
+    let prefix = path
+        .get(..path.rfind('/').map_or(0, |i| i + 1))
+        .unwrap_or("/");
+    let second = state.started.elapsed().as_secs();
+    let limit = state.rate_limit.load(Ordering::SeqCst);
+    let forward = {
+        let mut windows = state
+            .windows
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?;
+        let count = windows
+            .entry((prefix.to_string(), second))
+            .or_insert_with(|| WindowCount {
+                prefix: prefix.to_string(),
+                second,
+                ..WindowCount::default()
+            });
+        if count.forwarded < limit {
+            count.forwarded += 1;
+            true
+        } else {
+            count.throttled += 1;
+            false
+        }
+    };
+    if !forward {
+        state.failed.fetch_add(1, Ordering::SeqCst);
+        let (reason, code) = fault_reply(503);
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+             <Message>Please reduce your request rate.</Message></Error>"
+        );
+        let reply = format!(
+            "HTTP/1.1 503 {reason}\r\nContent-Type: application/xml\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        client.write_all(reply.as_bytes()).await?;
+        return client.shutdown().await;
+    }
+    let mut upstream = TcpStream::connect(state.upstream).await?;
+    upstream
+        .write_all(with_connection_close(&head).as_bytes())
+        .await?;
+    upstream.write_all(&body).await?;
+    let reply_head = read_head(&mut upstream).await?;
+    client
+        .write_all(with_connection_close(&reply_head).as_bytes())
+        .await?;
+    tokio::io::copy(&mut upstream, &mut client).await?;
+    client.shutdown().await
+}
+
+/// Reads a request or response head, up to and including its blank line.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > MAX_HEAD || stream.read(&mut byte).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.extend_from_slice(&byte);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// `head` with its `Connection`/`Keep-Alive` lines replaced by `Connection: close`.
+fn with_connection_close(head: &str) -> String {
+    let mut out = String::with_capacity(head.len() + 20);
+    for line in head.split_inclusive("\r\n") {
+        if line == "\r\n" {
+            break;
+        }
+        let name = line
+            .split_once(':')
+            .map(|(n, _)| n.trim().to_ascii_lowercase());
+        if matches!(name.as_deref(), Some("connection" | "keep-alive")) {
+            continue;
+        }
+        out.push_str(line);
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    out
 }
 
 /// Forwards requests one by one, each head without its `If-None-Match` line and each body by

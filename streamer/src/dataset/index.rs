@@ -185,6 +185,8 @@ pub(super) fn read_index(location: &Location) -> Result<Vec<u8>> {
         // The index is read whole: its size (untrusted) is checked against the cap from the
         // first response, before the rest is fetched.
         let url = location.url_of("index.json");
+        let jitter = crate::settings::index_jitter(&shardstream_identity::os_env);
+        tokio::time::sleep(crate::settings::random_delay(jitter)).await;
         let limit = shardstream_sharding::index_file::max_index_bytes();
         match location.get_at_most("index.json", limit).await {
             Ok(bytes) => Ok(bytes.to_vec()),

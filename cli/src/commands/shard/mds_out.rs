@@ -12,6 +12,7 @@ use indicatif::ProgressBar;
 use shardstream_sharding::compression::Compression;
 use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::input::Input;
+use shardstream_sharding::mds::index_bin;
 use shardstream_sharding::mds::{
     Encoding, Index, LocalDirSink, MdsWriter, MdsWriterOptions, ShardSink,
 };
@@ -51,6 +52,10 @@ pub struct MdsSettings {
     pub workers: usize,
     /// Allow `pkl` columns.
     pub allow_unsafe_types: bool,
+    /// Hashed folders to spread shards over (0: none).
+    pub prefixes: u32,
+    /// Also write `index.ssx`.
+    pub binary_index: bool,
 }
 
 /// Writes `range` of `input` as an MDS dataset at `output`.
@@ -85,7 +90,8 @@ pub fn write(
         size_limit: Some(settings.size_limit),
         threads: settings.workers,
     };
-    let mut writer = MdsWriter::new(&spec, options, sink)?;
+    let mut writer = MdsWriter::new(&spec, options, Arc::clone(&sink))?;
+    writer.spread_over_prefixes(settings.prefixes);
     let columns = Arc::clone(writer.columns());
     run_ordered(
         input,
@@ -112,5 +118,11 @@ pub fn write(
             Ok(())
         },
     )?;
-    Ok(writer.finish()?)
+    let index = writer.finish()?;
+    if settings.binary_index {
+        let json = index.to_json();
+        let binary = index_bin::to_bytes(&index, json.as_bytes())?;
+        sink.put(index_bin::BINARY_INDEX_BASENAME, binary)?;
+    }
+    Ok(index)
 }

@@ -77,6 +77,14 @@ pub struct ShardArgs {
     /// Allow pickle (`pkl`) columns.
     #[arg(long)]
     pub allow_unsafe_types: bool,
+    /// MDS: write shards under N hashed folders (p00/shard.00000.mds, ...), so that an object
+    /// store serves them from N key prefixes (S3 limits request rates per prefix). Mosaic reads
+    /// such a dataset unchanged (basenames with a folder, as its merge_index writes them).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prefixes: u32,
+    /// MDS: also write index.ssx, a compact binary form of index.json (which stays, for Mosaic).
+    #[arg(long)]
+    pub binary_index: bool,
     /// Replace a dataset already at OUTPUT.
     #[arg(long)]
     pub overwrite: bool,
@@ -171,6 +179,8 @@ pub fn run(args: ShardArgs, global: &Global) -> anyhow::Result<()> {
                 size_limit: args.shard_size.0,
                 workers,
                 allow_unsafe_types: args.allow_unsafe_types,
+                prefixes: args.prefixes,
+                binary_index: args.binary_index,
             };
             let index = mds_out::write(input.as_ref(), range, &output, &rt, &settings, &bar)?;
             summary.format = "mds".into();

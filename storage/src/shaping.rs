@@ -1,0 +1,508 @@
+//! Request shaping: a client-side rate limit per key prefix that adapts to the store's
+//! throttling (`503 SlowDown`, `429`), so that many clients sharing one prefix settle under
+//! its request limit instead of storming it with synchronized retries.
+//!
+//! # Where it sits
+//!
+//! Every HTTP *attempt* to a remote store (S3, GCS, Azure) passes through the limiter,
+//! retries included: the limiter wraps `object_store`'s HTTP client
+//! ([`ShapingConnector`]), below `object_store`'s own retry loop. A decorator of the
+//! `ObjectStore` (see [`crate::decorate`]) would sit above that loop: it would neither see the
+//! `503`s that a retry later hides, nor pace the retries themselves, which are what turns a
+//! burst of throttling into a storm. Local paths are not shaped.
+//!
+//! # The model (for simulators: this is all of it)
+//!
+//! - **Prefix**: the request URL's authority and path up to its last `/`
+//!   (`s3.amazonaws.com/bucket/ds/p07/` for `.../bucket/ds/p07/shard.00001.mds`; a LIST
+//!   `GET /bucket?list-type=2...` is the bucket's own prefix). Each prefix has its own state.
+//! - **Token bucket** per prefix: `rate` tokens per second, at most `burst_seconds x rate`
+//!   tokens (at least 1) saved up. Each attempt takes one token; without one it waits
+//!   `deficit / rate`, stretched by a random factor in `[1, 1 + jitter]` so that waiters do
+//!   not wake in step. Tokens may go negative: queued attempts are served in order of arrival.
+//! - **Additive increase**: each attempt answered without throttling adds
+//!   `increase / rate` to `rate` (so `rate` grows by about `increase` per second while the
+//!   prefix is used at its rate), up to `max_rate`.
+//! - **Multiplicative decrease**: an attempt answered `503` or `429` multiplies `rate` by
+//!   `decrease` (not below `min_rate`) and empties the saved tokens, at most once per
+//!   `cooldown` per prefix (every attempt in flight during one throttling episode reports
+//!   it; one episode is one decrease, as in TCP).
+//! - State is per process: `N` processes on one prefix each run their own AIMD loop and
+//!   converge together, as TCP flows share a link. The limiter is shared by every store of a
+//!   process with the same [`ShapingConfig`].
+//! - Retries of a throttled request are also jittered by `object_store`'s backoff
+//!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
+//!   [`crate::RetryPolicy`]) and then take a token like any attempt.
+//!
+//! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and process (a
+//! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
+//! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
+//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2. The `SHARDSTREAM_SHAPING*`
+//! variables ([`ShapingConfig::from_env`]) change them.
+//!
+//! ```
+//! use shardstream_storage::shaping::ShapingConfig;
+//! let config = ShapingConfig { start_rate: 100.0, ..ShapingConfig::default() };
+//! assert!(config.enabled);
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use object_store::client::{
+    ClientOptions, HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService,
+    ReqwestConnector,
+};
+use rand::Rng;
+
+use crate::env::Env;
+use crate::error::{Result, StorageError};
+
+/// `0`/`off`/`false` turns shaping off; on by default.
+pub const SHAPING_ENV: &str = "SHARDSTREAM_SHAPING";
+/// Starting rate of a prefix, attempts per second per process.
+pub const START_RATE_ENV: &str = "SHARDSTREAM_SHAPING_START_RATE";
+/// Lowest rate a prefix is decreased to.
+pub const MIN_RATE_ENV: &str = "SHARDSTREAM_SHAPING_MIN_RATE";
+/// Highest rate a prefix is increased to.
+pub const MAX_RATE_ENV: &str = "SHARDSTREAM_SHAPING_MAX_RATE";
+/// Additive increase, attempts per second gained per second without throttling.
+pub const INCREASE_ENV: &str = "SHARDSTREAM_SHAPING_INCREASE";
+/// Multiplicative decrease on throttling, in (0, 1).
+pub const DECREASE_ENV: &str = "SHARDSTREAM_SHAPING_DECREASE";
+
+/// Most prefixes tracked at once; idle ones are forgotten beyond it.
+const MAX_PREFIXES: usize = 10_000;
+/// A prefix unused this long is forgotten when the table is full.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// Parameters of the limiter (see the module docs for what each does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapingConfig {
+    /// Whether attempts are shaped at all.
+    pub enabled: bool,
+    /// Rate of a prefix first seen, attempts per second.
+    pub start_rate: f64,
+    /// Floor of the rate.
+    pub min_rate: f64,
+    /// Ceiling of the rate.
+    pub max_rate: f64,
+    /// Attempts per second gained per second of unthrottled use.
+    pub increase: f64,
+    /// Factor applied to the rate on throttling.
+    pub decrease: f64,
+    /// At most one decrease per this long per prefix.
+    pub cooldown: Duration,
+    /// Tokens saved up, in seconds of the current rate.
+    pub burst_seconds: f64,
+    /// Waits are stretched by a random factor in `[1, 1 + jitter]`.
+    pub jitter: f64,
+}
+
+impl Default for ShapingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            start_rate: 2000.0,
+            min_rate: 1.0,
+            max_rate: 20_000.0,
+            increase: 10.0,
+            decrease: 0.5,
+            cooldown: Duration::from_millis(500),
+            burst_seconds: 0.25,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl ShapingConfig {
+    /// The defaults, changed by the `SHARDSTREAM_SHAPING*` variables of `env`; a value that
+    /// does not parse or is out of range is a configuration error naming the variable.
+    pub fn from_env(env: &Env) -> Result<Self> {
+        let mut config = Self::default();
+        if let Some(v) = env.get(SHAPING_ENV).filter(|v| !v.trim().is_empty()) {
+            config.enabled = match v.trim().to_ascii_lowercase().as_str() {
+                "0" | "off" | "false" | "no" => false,
+                "1" | "on" | "true" | "yes" => true,
+                _ => return Err(bad(SHAPING_ENV, "expected on or off")),
+            };
+        }
+        let number = |var: &'static str, current: f64| -> Result<f64> {
+            match env.get(var).filter(|v| !v.trim().is_empty()) {
+                None => Ok(current),
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .ok_or_else(|| bad(var, "expected a positive number")),
+            }
+        };
+        config.start_rate = number(START_RATE_ENV, config.start_rate)?;
+        config.min_rate = number(MIN_RATE_ENV, config.min_rate)?;
+        config.max_rate = number(MAX_RATE_ENV, config.max_rate)?;
+        config.increase = number(INCREASE_ENV, config.increase)?;
+        config.decrease = number(DECREASE_ENV, config.decrease)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses parameters the limiter cannot run with.
+    pub fn check(&self) -> Result<()> {
+        if !(self.decrease > 0.0 && self.decrease < 1.0) {
+            return Err(bad(DECREASE_ENV, "must be between 0 and 1"));
+        }
+        if !(self.min_rate > 0.0 && self.min_rate <= self.max_rate) {
+            return Err(bad(
+                MIN_RATE_ENV,
+                "must be positive and at most the maximum rate",
+            ));
+        }
+        if !(self.min_rate..=self.max_rate).contains(&self.start_rate) {
+            return Err(bad(
+                START_RATE_ENV,
+                "must lie between the minimum and maximum rates",
+            ));
+        }
+        let finite_non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        if ![self.burst_seconds, self.jitter, self.increase]
+            .into_iter()
+            .all(finite_non_negative)
+        {
+            return Err(bad(
+                SHAPING_ENV,
+                "burst, jitter and increase must be finite and >= 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The limiter of this process for this configuration, or `None` when shaping is off.
+    pub fn shaper(&self) -> Option<Arc<Shaper>> {
+        if !self.enabled {
+            return None;
+        }
+        static SHAPERS: OnceLock<Mutex<Vec<Arc<Shaper>>>> = OnceLock::new();
+        let mut shapers = SHAPERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = shapers.iter().find(|s| s.config == *self) {
+            return Some(Arc::clone(found));
+        }
+        let shaper = Arc::new(Shaper::new(self.clone()));
+        shapers.push(Arc::clone(&shaper));
+        Some(shaper)
+    }
+}
+
+fn bad(setting: &'static str, reason: &str) -> StorageError {
+    StorageError::Config {
+        url: setting.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// One prefix's state.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    refilled: Instant,
+    decreased: Option<Instant>,
+    used: Instant,
+}
+
+/// What a prefix's state looks like now (for tests, logs and simulators).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixState {
+    /// Current rate, attempts per second.
+    pub rate: f64,
+    /// Decreases so far.
+    pub decreases: u64,
+}
+
+/// The limiter: per-prefix token buckets with AIMD rates. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Shaper {
+    config: ShapingConfig,
+    buckets: Mutex<HashMap<String, (Bucket, u64)>>,
+}
+
+impl Shaper {
+    /// A limiter with no prefix seen yet.
+    pub fn new(config: ShapingConfig) -> Self {
+        Self {
+            config,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Its parameters.
+    pub fn config(&self) -> &ShapingConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Bucket, u64)>> {
+        self.buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes a token of `prefix` at `now`; returns how long the caller must wait for it
+    /// (before jitter).
+    pub fn reserve(&self, prefix: &str, now: Instant) -> Duration {
+        let config = &self.config;
+        let mut buckets = self.lock();
+        if buckets.len() >= MAX_PREFIXES && !buckets.contains_key(prefix) {
+            buckets.retain(|_, (b, _)| now.saturating_duration_since(b.used) < IDLE);
+            if buckets.len() >= MAX_PREFIXES {
+                tracing::debug!(prefix, "request shaping table full; attempt not shaped");
+                return Duration::ZERO;
+            }
+        }
+        let (bucket, _) = buckets.entry(prefix.to_string()).or_insert_with(|| {
+            let rate = config.start_rate;
+            (
+                Bucket {
+                    rate,
+                    tokens: (config.burst_seconds * rate).max(1.0),
+                    refilled: now,
+                    decreased: None,
+                    used: now,
+                },
+                0,
+            )
+        });
+        let capacity = (config.burst_seconds * bucket.rate).max(1.0);
+        let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * bucket.rate).min(capacity);
+        bucket.refilled = now;
+        bucket.used = now;
+        bucket.tokens -= 1.0;
+        if bucket.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((-bucket.tokens / bucket.rate).min(3600.0))
+        }
+    }
+
+    /// An attempt on `prefix` was answered without throttling: additive increase.
+    pub fn succeeded(&self, prefix: &str) {
+        let config = &self.config;
+        if let Some((bucket, _)) = self.lock().get_mut(prefix) {
+            bucket.rate = (bucket.rate + config.increase / bucket.rate).min(config.max_rate);
+        }
+    }
+
+    /// An attempt on `prefix` was throttled at `now`: multiplicative decrease, at most once
+    /// per cooldown. Returns whether the rate was decreased.
+    pub fn throttled(&self, prefix: &str, now: Instant) -> bool {
+        let config = &self.config;
+        let mut buckets = self.lock();
+        let Some((bucket, decreases)) = buckets.get_mut(prefix) else {
+            return false;
+        };
+        if bucket
+            .decreased
+            .is_some_and(|at| now.saturating_duration_since(at) < config.cooldown)
+        {
+            return false;
+        }
+        let before = bucket.rate;
+        bucket.rate = (bucket.rate * config.decrease).max(config.min_rate);
+        bucket.tokens = bucket.tokens.min(0.0);
+        bucket.decreased = Some(now);
+        *decreases = decreases.saturating_add(1);
+        tracing::debug!(
+            prefix,
+            before,
+            after = bucket.rate,
+            "store throttled; rate decreased"
+        );
+        true
+    }
+
+    /// The state of `prefix`, if it was seen.
+    pub fn state(&self, prefix: &str) -> Option<PrefixState> {
+        self.lock().get(prefix).map(|(b, decreases)| PrefixState {
+            rate: b.rate,
+            decreases: *decreases,
+        })
+    }
+
+    /// Waits for a token of `prefix`, with jitter.
+    pub async fn acquire(&self, prefix: &str) {
+        let wait = self.reserve(prefix, Instant::now());
+        if wait.is_zero() {
+            return;
+        }
+        let stretch = 1.0 + rand::rng().random_range(0.0..=self.config.jitter.max(0.0));
+        tokio::time::sleep(wait.mul_f64(stretch)).await;
+    }
+}
+
+/// The prefix of a request URL: authority and path up to the last `/`.
+pub fn prefix_of(uri: &str) -> &str {
+    let without_query = uri.split(['?', '#']).next().unwrap_or(uri);
+    let start = without_query.find("://").map_or(0, |i| i + 3);
+    match without_query.get(start..).and_then(|rest| rest.rfind('/')) {
+        Some(slash) => without_query
+            .get(..start + slash + 1)
+            .unwrap_or(without_query),
+        None => without_query,
+    }
+}
+
+/// `object_store`'s HTTP client with every attempt passing through a [`Shaper`].
+#[derive(Debug)]
+pub struct ShapingConnector {
+    shaper: Arc<Shaper>,
+}
+
+impl ShapingConnector {
+    /// A connector whose clients shape their attempts with `shaper`.
+    pub fn new(shaper: Arc<Shaper>) -> Self {
+        Self { shaper }
+    }
+}
+
+impl HttpConnector for ShapingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(ShapedService {
+            inner,
+            shaper: Arc::clone(&self.shaper),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct ShapedService {
+    inner: HttpClient,
+    shaper: Arc<Shaper>,
+}
+
+#[async_trait]
+impl HttpService for ShapedService {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        let uri = req.uri().to_string();
+        let prefix = prefix_of(&uri);
+        self.shaper.acquire(prefix).await;
+        let response = self.inner.execute(req).await;
+        if let Ok(response) = &response {
+            let status = response.status().as_u16();
+            if status == 503 || status == 429 {
+                self.shaper.throttled(prefix, Instant::now());
+            } else if status < 500 {
+                self.shaper.succeeded(prefix);
+            }
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ShapingConfig {
+        ShapingConfig {
+            start_rate: 10.0,
+            burst_seconds: 0.0,
+            ..ShapingConfig::default()
+        }
+    }
+
+    #[test]
+    fn prefix_is_the_directory_of_the_key() {
+        assert_eq!(
+            prefix_of("http://127.0.0.1:9/bucket/ds/p07/shard.00001.mds"),
+            "http://127.0.0.1:9/bucket/ds/p07/"
+        );
+        assert_eq!(
+            prefix_of("http://h/bucket?list-type=2&prefix=a/b/"),
+            "http://h/"
+        );
+        assert_eq!(prefix_of("http://h"), "http://h");
+    }
+
+    #[test]
+    fn a_bucket_paces_attempts_at_its_rate() {
+        let shaper = Shaper::new(config());
+        let t0 = Instant::now();
+        assert_eq!(shaper.reserve("p", t0), Duration::ZERO);
+        // Ten more at the same instant queue 0.1 s apart.
+        let waits: Vec<_> = (0..10).map(|_| shaper.reserve("p", t0)).collect();
+        assert_eq!(waits[0], Duration::from_millis(100));
+        assert_eq!(waits[9], Duration::from_secs(1));
+        // Another prefix is independent.
+        assert_eq!(shaper.reserve("q", t0), Duration::ZERO);
+    }
+
+    #[test]
+    fn throttling_halves_the_rate_once_per_cooldown_and_success_adds_back() {
+        let shaper = Shaper::new(config());
+        let t0 = Instant::now();
+        shaper.reserve("p", t0);
+        assert!(shaper.throttled("p", t0));
+        assert!(!shaper.throttled("p", t0 + Duration::from_millis(100)));
+        assert_eq!(shaper.state("p").unwrap().rate, 5.0);
+        assert!(shaper.throttled("p", t0 + Duration::from_millis(600)));
+        assert_eq!(shaper.state("p").unwrap().rate, 2.5);
+        // Each success adds increase / rate: about `increase` per second at that rate.
+        shaper.succeeded("p");
+        assert_eq!(shaper.state("p").unwrap().rate, 2.5 + 10.0 / 2.5);
+        assert_eq!(shaper.state("p").unwrap().decreases, 2);
+        let capped = Shaper::new(ShapingConfig {
+            max_rate: 100.0,
+            ..config()
+        });
+        capped.reserve("p", t0);
+        for _ in 0..1_000 {
+            capped.succeeded("p");
+        }
+        assert_eq!(capped.state("p").unwrap().rate, 100.0);
+    }
+
+    #[test]
+    fn the_rate_never_falls_below_the_floor() {
+        let shaper = Shaper::new(config());
+        let mut t = Instant::now();
+        shaper.reserve("p", t);
+        for _ in 0..100 {
+            t += Duration::from_secs(1);
+            shaper.throttled("p", t);
+        }
+        assert_eq!(shaper.state("p").unwrap().rate, 1.0);
+    }
+
+    #[test]
+    fn settings_come_from_the_environment_and_bad_ones_name_their_variable() {
+        let env = Env::from_pairs([(SHAPING_ENV, "off"), (START_RATE_ENV, "300")]);
+        let c = ShapingConfig::from_env(&env).unwrap();
+        assert!(!c.enabled);
+        assert_eq!(c.start_rate, 300.0);
+        assert!(c.shaper().is_none());
+        let env = Env::from_pairs([(DECREASE_ENV, "1.5")]);
+        let err = ShapingConfig::from_env(&env).unwrap_err();
+        assert!(err.to_string().contains(DECREASE_ENV), "{err}");
+        let env = Env::from_pairs([(START_RATE_ENV, "lots")]);
+        assert!(ShapingConfig::from_env(&env).is_err());
+        assert!(
+            ShapingConfig::from_env(&Env::from_pairs::<_, &str, &str>([]))
+                .unwrap()
+                .enabled
+        );
+    }
+
+    #[test]
+    fn one_limiter_per_configuration_in_a_process() {
+        let c = config();
+        let a = c.shaper().unwrap();
+        let b = c.shaper().unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+}
