@@ -4,6 +4,7 @@
 //! the server going away mid-epoch (a switch in front of it cuts the port and every open
 //! connection for 3 s) and coming back. Run with
 //! `cargo test -p shardstream-streamer --test it conformance`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
 use std::collections::BTreeSet;
