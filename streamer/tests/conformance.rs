@@ -180,3 +180,82 @@ fn outage_mid_epoch(kind: ServerKind) {
         kind.name()
     );
 }
+
+/// Issue 39 "Numbers": cold-epoch throughput ÷ raw parallel GET of the same shards, per server.
+/// Not part of the suite (`#[ignore]`); `benches/backends.sh` runs it in release mode.
+#[test]
+#[ignore = "a benchmark: benches/backends.sh"]
+fn throughput_cold_epoch_vs_raw_get() {
+    let spec = Spec {
+        samples: 3000,
+        sample_bytes: 10_000,
+        shard_limit: 1 << 20,
+        compression: None,
+        hashes: false,
+    };
+    let runs = 3;
+    println!("| server | raw parallel GET MB/s | cold epoch MB/s | ratio |");
+    println!("|---|---|---|---|");
+    for kind in ServerKind::ALL {
+        let Some(s) = served(kind, &spec) else {
+            println!("| {} | not installed | | |", kind.name());
+            continue;
+        };
+        let url = s.server.url("conf", "ds");
+        let loc = s.server.open(&url).unwrap();
+        let shards: Vec<(String, u64)> =
+            s.rt.block_on(loc.list(""))
+                .unwrap()
+                .into_iter()
+                .filter(|o| o.key.ends_with(".mds"))
+                .map(|o| (o.key, o.size))
+                .collect();
+        let total: u64 = shards.iter().map(|(_, n)| n).sum();
+        let mut raw = Vec::new();
+        let mut cold = Vec::new();
+        for _ in 0..runs {
+            let start = Instant::now();
+            s.rt.block_on(async {
+                use futures::StreamExt;
+                let gets = futures::stream::iter(shards.iter().map(|(k, _)| loc.get(k)))
+                    .buffer_unordered(8)
+                    .collect::<Vec<_>>()
+                    .await;
+                assert!(gets.iter().all(|g| g.is_ok()));
+            });
+            raw.push(total as f64 / start.elapsed().as_secs_f64() / 1e6);
+
+            let cache = tempfile::tempdir().unwrap();
+            let ds = StreamingDataset::open_at(
+                StreamingConfig {
+                    memory_limit: None,
+                    ..config(&url, cache.path(), None)
+                },
+                s.server.open(&url).unwrap(),
+            )
+            .unwrap();
+            let start = Instant::now();
+            let plan = StreamPlan::single_process(
+                OrderConfig {
+                    seed: 3,
+                    shuffle: true,
+                    ..OrderConfig::default()
+                },
+                0,
+            );
+            let mut n = 0u64;
+            for item in ds.stream(plan).unwrap() {
+                item.unwrap();
+                n += 1;
+            }
+            assert_eq!(n, spec.samples);
+            cold.push(total as f64 / start.elapsed().as_secs_f64() / 1e6);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let (r, c) = (median(&mut raw), median(&mut cold));
+        println!("| {} | {r:.0} | {c:.0} | {:.2} |", kind.name(), c / r);
+    }
+}
