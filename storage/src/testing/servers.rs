@@ -181,11 +181,13 @@ impl ServerKind {
     }
 }
 
-/// Whether a test whose server is missing must fail: always in CI (`CI=true`); elsewhere the
-/// caller prints why it did not run and returns. Returns the binary when present.
+/// Whether a test whose server is missing must fail: in CI (`CI=true`) and for moto (which
+/// every S3 test already needs) it panics; elsewhere it prints why the test did not run and
+/// returns `None` for the caller to return. Returns the binary when present.
 pub fn require(kind: ServerKind) -> Option<PathBuf> {
     match kind.find_binary() {
         Ok(path) => Some(path),
+        Err(e) if kind == ServerKind::Moto => panic!("S3 tests need moto_server: {e}"),
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
             panic!("CI=true and the {} server is missing: {e}", kind.name())
         }
