@@ -14,6 +14,9 @@ command -v s3fs >/dev/null || need+=(s3fs)
 command -v curl >/dev/null || need+=(curl)
 # A real Prometheus scrapes `shardstream run` in tests/python/test_node_metrics.py.
 command -v prometheus >/dev/null || need+=(prometheus)
+# Azurite (the Azure Blob emulator, scripts/setup-servers.sh) is a Node program.
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -6,6 +6,7 @@
 #[macro_use]
 mod common;
 
+mod conformance;
 mod crash;
 mod gc;
 mod ignored_condition;

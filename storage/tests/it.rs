@@ -7,6 +7,7 @@
 mod common;
 
 mod bounded;
+mod conformance;
 mod decorators;
 mod faults;
 mod odd_keys;

@@ -9,7 +9,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use shardstream_storage::testing::{free_port, options_for, FaultProxy, MotoServer};
+use shardstream_storage::testing::{
+    free_port, options_for, require, FaultProxy, MotoServer, ServerKind, TestServer,
+    AZURITE_ACCOUNT,
+};
 use shardstream_storage::{Env, Location, RetryPolicy, S3Settings, StorageError, StorageOptions};
 
 const SECRET: &str = "MARKsecret7f3a9c1e";
@@ -149,4 +152,97 @@ fn configuration_errors_do_not_quote_secrets() {
     )
     .unwrap_err();
     assert_clean("invalid URL error", &all_text(&err));
+}
+
+/// The same grep over every server of the conformance suite, each failing for its own reason
+/// with a secret of its own kind in its configuration: moto (a missing bucket) and s3s-fs (a
+/// wrong secret key: 403) with a secret key and session token; fake-gcs-server (missing
+/// objects, refused writes) with a bearer token; Azurite (403) with a SAS token, and with a
+/// wrong account key.
+async fn server_errors_hold_no_secrets(kind: ServerKind) {
+    if require(kind).is_none() {
+        return;
+    }
+    let server = TestServer::start(kind).await.unwrap();
+    let endpoint = server.endpoint();
+    let envs: Vec<Env> = match kind {
+        ServerKind::Moto => vec![aws_env()],
+        ServerKind::S3sFs => {
+            server.create_bucket("no-such-bucket").await.unwrap();
+            vec![Env::from_pairs([
+                ("AWS_ACCESS_KEY_ID", "conformance"),
+                ("AWS_SECRET_ACCESS_KEY", SECRET),
+                ("AWS_SESSION_TOKEN", TOKEN),
+            ])]
+        }
+        ServerKind::FakeGcs => vec![Env::from_pairs([
+            ("GOOGLE_BEARER_TOKEN", TOKEN),
+            ("GOOGLE_BASE_URL", endpoint.as_str()),
+        ])],
+        ServerKind::Azurite => {
+            server.create_bucket("no-such-bucket").await.unwrap();
+            let account_endpoint = format!("{endpoint}/{AZURITE_ACCOUNT}");
+            let sas_value =
+                format!("sv=2022-11-02&ss=b&srt=co&sp=rl&se=2099-01-01T00:00:00Z&sig={SAS_SIG}");
+            let sas = Env::from_pairs([
+                ("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT),
+                ("AZURE_STORAGE_SAS_KEY", sas_value.as_str()),
+                ("AZURE_STORAGE_ENDPOINT", account_endpoint.as_str()),
+            ]);
+            // A well-formed but wrong key: base64 of the marker.
+            let wrong_key = Env::from_pairs([
+                ("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT),
+                ("AZURE_STORAGE_ACCOUNT_KEY", WRONG_KEY_B64),
+                ("AZURE_STORAGE_ENDPOINT", account_endpoint.as_str()),
+            ]);
+            vec![sas, wrong_key]
+        }
+    };
+    for env in envs {
+        let loc = Location::open_with(&server.url("no-such-bucket", "p"), &quick(&endpoint), &env)
+            .unwrap();
+        assert_clean("Location Debug", &format!("{loc:?}"));
+        assert_clean("Env Debug", &format!("{env:?}"));
+        let attempts = [
+            loc.get("some/object.bin").await.err(),
+            loc.head("x").await.err(),
+            loc.list("").await.err(),
+            loc.put("y", Bytes::from_static(b"y")).await.err(),
+        ];
+        let errors: Vec<StorageError> = attempts.into_iter().flatten().collect();
+        assert!(errors.len() >= 2, "{}: too few failures", kind.name());
+        for e in &errors {
+            let text = all_text(e);
+            assert_clean(kind.name(), &text);
+            assert!(
+                !text.contains(WRONG_KEY_B64) && !text.contains("MARKkey"),
+                "{}: {text}",
+                kind.name()
+            );
+        }
+        eprintln!("{}: {}", kind.name(), errors[0]);
+    }
+}
+
+/// `base64("MARKkey9e1f2a3b4c5d6e7f80")`, a well-formed Azure account key that is not Azurite's.
+const WRONG_KEY_B64: &str = "TUFSS2tleTllMWYyYTNiNGM1ZDZlN2Y4MA==";
+
+mod every_server {
+    use shardstream_storage::testing::ServerKind;
+    #[tokio::test]
+    async fn moto() {
+        super::server_errors_hold_no_secrets(ServerKind::Moto).await
+    }
+    #[tokio::test]
+    async fn s3s_fs() {
+        super::server_errors_hold_no_secrets(ServerKind::S3sFs).await
+    }
+    #[tokio::test]
+    async fn fake_gcs() {
+        super::server_errors_hold_no_secrets(ServerKind::FakeGcs).await
+    }
+    #[tokio::test]
+    async fn azurite() {
+        super::server_errors_hold_no_secrets(ServerKind::Azurite).await
+    }
 }

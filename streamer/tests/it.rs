@@ -8,6 +8,7 @@ mod common;
 
 mod cache_multiprocess;
 mod cache_recovery;
+mod conformance;
 mod dataset_deferred;
 mod dataset_faults;
 mod dataset_first_samples;

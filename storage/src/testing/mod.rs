@@ -9,7 +9,8 @@
 //!
 //! Faults *below* `object_store`'s HTTP client (where its retries live) need a real socket:
 //! [`FaultProxy`] sits between the client and a server and answers `503 SlowDown` or never
-//! answers at all. [`MotoServer`] runs moto's S3 server on a free loopback port.
+//! answers at all. [`MotoServer`] runs moto's S3 server on a free loopback port; [`TestServer`]
+//! runs any of the servers the conformance suite covers (moto, s3s-fs, fake-gcs-server, Azurite).
 //!
 //! Other crates use this as a dev-dependency:
 //! ```toml
@@ -32,18 +33,22 @@
 //! # Ok(()) }
 //! ```
 
+mod capabilities;
 mod counting;
 mod failing;
 mod gate;
 mod moto;
 mod proxy;
+mod servers;
 mod slow;
 
+pub use capabilities::{probe, Capabilities};
 pub use counting::{CountingStore, Counts};
 pub use failing::{FailRule, FailingStore, Fault};
 pub use gate::{GateCounts, GateStore};
 pub use moto::{free_port, options_for, test_env, MotoServer, MOTO_ENV};
 pub use proxy::{FaultProxy, WindowCount};
+pub use servers::{require, ServerKind, TestServer, AZURITE_ACCOUNT, AZURITE_KEY};
 pub use slow::SlowStore;
 
 use object_store::GetOptions;

@@ -250,7 +250,7 @@ async fn raw_request(addr: SocketAddr, method: &str, path: &str) -> Result<u16> 
     raw_request_with_body(addr, method, path, b"").await
 }
 
-async fn raw_request_with_body(
+pub(super) async fn raw_request_with_body(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -273,6 +273,6 @@ async fn raw_request_with_body(
         .ok_or_else(|| harness(format!("{method} {path}: no HTTP status in reply")))
 }
 
-fn harness(reason: String) -> StorageError {
+pub(super) fn harness(reason: String) -> StorageError {
     StorageError::Harness { reason }
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 39 "Numbers": cold-epoch throughput ÷ raw parallel GET (8 in flight) of the same shards,
+# per object-store server of the conformance suite (moto, s3s-fs, fake-gcs-server, Azurite),
+# each on 127.0.0.1 with a 29 MB dataset (3,000 samples of 10 KB in 1 MiB shards), the median of
+# 3 runs. Prints a Markdown table. The servers come from scripts/setup-servers.sh.
+#
+#     bash benches/backends.sh
+#
+# Release build of the streamer's integration-test binary only. Client and server share the
+# machine's cores, so the ratio says how close the streamer gets to what the server can serve
+# here, not a cloud figure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec cargo test --release -p shardstream-streamer --test it \
+  conformance::throughput_cold_epoch_vs_raw_get -- --ignored --nocapture --test-threads 1
