@@ -22,15 +22,15 @@ bash scripts/setup-venv.sh
 export SHARDSTREAM_PYTHON="$root/.venv/bin/python"
 export SHARDSTREAM_MOTO_SERVER="$root/.venv/bin/moto_server"
 
-step "object-store servers (s3s-fs, Azurite, fake-gcs-server) for the conformance suite"
-bash scripts/setup-servers.sh
-
 # The Airflow DAG test's own venv (apache-airflow + the cncf.kubernetes provider, apart from .venv:
 # their pins conflict with it) is mostly downloads: made in the background while Rust compiles.
 airflow_log="$root/target/airflow-venv.log"
 mkdir -p "$root/target"
 bash tests/deploy/setup-airflow-venv.sh > "$airflow_log" 2>&1 &
 airflow_pid=$!
+
+step "object-store servers (s3s-fs, Azurite, fake-gcs-server) for the conformance suite"
+bash scripts/setup-servers.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
