@@ -16,6 +16,10 @@ from shardstream.dataset import ColumnBatch, ColumnBatches, StreamingDataset, Va
 from shardstream.streams import Stream  # noqa: F401
 from shardstream.writer import ShardWriter  # noqa: F401
 
+from shardstream._mosaic import patch_mosaic_loader as _patch_mosaic_loader
+
+_patch_mosaic_loader()  # Mosaic's own StreamingDataLoader, when it is loaded, saves our datasets' state
+
 # Mosaic's name for the writer, so that `from streaming import MDSWriter` switches by its module.
 MDSWriter = ShardWriter
 

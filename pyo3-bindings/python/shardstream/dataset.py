@@ -21,6 +21,7 @@ import numpy as np
 from shardstream import _native
 from shardstream._epochs import EpochRecords
 from shardstream._groups import BatchGroup, approx_bytes, batches_per_group, grouping_in_this_process
+from shardstream._mosaic import MosaicParity, patch_mosaic_loader
 from shardstream._native import Buffer
 from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, iteration_seed, placement, worker_id
@@ -198,7 +199,7 @@ def _cut(batch: ColumnBatch, size: int, count: int) -> list[ColumnBatch]:
     return parts
 
 
-class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
+class StreamingDataset(MosaicParity, _Base):  # type: ignore[misc,valid-type]
     """Streams an MDS dataset into PyTorch; Mosaic's arguments, shardstream's engine.
 
     `remote` is the dataset (`s3://`, `gs://`, `az://`, a path); `local` is where its shards are
@@ -348,6 +349,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         self._lineages = [EpochRecords()]
         weakref.finalize(self, _discard_lineages, self._lineages)
         self._native()  # open now: a bad URL or index fails here, not in a worker
+        patch_mosaic_loader()  # Mosaic's own StreamingDataLoader saves this dataset's state too
         if prefetch_on_init:
             self._start_prefetch()
 
@@ -362,6 +364,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
         state = dict(self.__dict__)
         state["_native_ds"] = None  # reopened in the child (spawn); the engine is per process
         state["_prefetch"] = None  # the parent's downloads; the child finds them in the cache
+        state.pop("_preparing", None)  # prepare_shard(blocking=False) downloads, as the prefetch
         return state
 
     # -- prefetch at construction -----------------------------------------------------------
@@ -616,6 +619,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def load_state_dict(self, obj: Mapping[str, Any]) -> None:
         """Continues from a `state_dict` (also one saved by a job of another size): the next
         iteration starts at the first sample the saved job had not consumed."""
+        mosaic_start = self._check_mosaic_state(obj)  # refuses before anything changes
         self._lineages.append(EpochRecords())
         if "shardstream" in obj:
             state = self._native().parse_state(json.dumps(obj["shardstream"]))
@@ -625,9 +629,11 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
             self._window, self._lanes, self.remainder = order.window, order.lanes, order.remainder
             epoch, consumed, epoch_len = state.epoch, state.consumed, state.epoch_len
         else:  # a Mosaic-style dict
+            # Saved by mosaicml-streaming: resumable here at an epoch's boundary only (its
+            # order is not shardstream's); mid-epoch it is refused, never loaded into another order.
+            epoch, consumed = mosaic_start or (int(obj["epoch"]), int(obj["sample_in_epoch"]))
             self.shuffle_seed = int(obj.get("shuffle_seed", self.shuffle_seed))
             self._lanes = int(obj.get("num_canonical_nodes") or self._lanes or 1)
-            epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
             epoch_len = self._native().epoch_len(self._order(self._placement()), epoch)
         self._worker_skip = 0
         worker = obj.get("worker")
@@ -683,6 +689,7 @@ class StreamingDataset(_Base):  # type: ignore[misc,valid-type]
     def _stream(self, batch_size: int, raw: bool):
         # The stream takes over: it joins the prefetch's downloads and fetches the rest.
         self._stop_prefetch()
+        patch_mosaic_loader()  # a Mosaic StreamingDataLoader made after the dataset
         self._iter_batch = batch_size
         self._iterations += 1
         self._follow_choices()

@@ -263,6 +263,115 @@ impl NativeDataset {
         Ok(NativePrefetch { prefetch })
     }
 
+    /// Every shard as the index describes it, in id order: `(name, stream, file, file_bytes,
+    /// compression, raw_bytes, samples, first_sample, cache_bytes)` (`ShardInfo`).
+    #[allow(clippy::type_complexity)]
+    fn shard_infos(
+        &self,
+    ) -> Vec<(
+        String,
+        usize,
+        String,
+        u64,
+        Option<&'static str>,
+        u64,
+        u64,
+        u64,
+        u64,
+    )> {
+        (0..self.ds.num_shards())
+            .filter_map(|s| self.ds.shard_info(s))
+            .map(|i| {
+                let shardstream_streamer::dataset::ShardInfo {
+                    name,
+                    stream,
+                    file,
+                    file_bytes,
+                    compression,
+                    raw_bytes,
+                    samples,
+                    first_sample,
+                    cache_bytes,
+                } = i;
+                (
+                    name,
+                    stream,
+                    file,
+                    file_bytes,
+                    compression,
+                    raw_bytes,
+                    samples,
+                    first_sample,
+                    cache_bytes,
+                )
+            })
+            .collect()
+    }
+
+    /// The global sample ids `epoch` takes under `order` (a repeated sample once per time it
+    /// is taken), sorted, as little-endian `u64`s: the epoch's resampled streams, as Mosaic's
+    /// `resample_streams` lists them. O(epoch) work, without the GIL.
+    fn epoch_samples<'py>(
+        &self,
+        py: Python<'py>,
+        order: &PyOrder,
+        epoch: u64,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let order = self.epoch_order(py, &order.config, epoch)?;
+        let bytes = py.detach(|| {
+            let mut ids: Vec<u64> = (0..order.global_len())
+                .filter_map(|pos| order.sample_at(pos).map(|s| s.sample))
+                .collect();
+            ids.sort_unstable();
+            ids.iter()
+                .flat_map(|id| id.to_le_bytes())
+                .collect::<Vec<u8>>()
+        });
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
+    /// Whether shard `shard` is readable without a download (read in place, or in the node's
+    /// cache now).
+    fn shard_cached(&self, py: Python<'_>, shard: usize) -> PyResult<bool> {
+        let ds = Arc::clone(&self.ds);
+        blocking::run(py, move || ds.shard_cached(shard))?.map_err(from_streamer)
+    }
+
+    /// Downloads shard `shard` into the node's cache (or joins the download of another process
+    /// of the node) and waits until it is complete there, with the GIL released.
+    fn prepare_shard(&self, py: Python<'_>, shard: usize) -> PyResult<()> {
+        let ds = Arc::clone(&self.ds);
+        blocking::run(py, move || ds.prepare_shard(shard))?.map_err(from_streamer)
+    }
+
+    /// Starts downloading `shards` into the node's cache in the background; returns at once.
+    fn prepare_shards(&self, py: Python<'_>, shards: Vec<usize>) -> PyResult<NativePrefetch> {
+        let ds = Arc::clone(&self.ds);
+        let prefetch =
+            blocking::run(py, move || ds.prepare_shards(shards))?.map_err(from_streamer)?;
+        Ok(NativePrefetch { prefetch })
+    }
+
+    /// Deletes shard `shard` from the node's cache: the bytes freed, or `None` when a process
+    /// of the node uses it.
+    fn evict_shard(&self, py: Python<'_>, shard: usize) -> PyResult<Option<u64>> {
+        let ds = Arc::clone(&self.ds);
+        blocking::run(py, move || ds.evict_shard(shard))?.map_err(from_streamer)
+    }
+
+    /// Deletes the least recently used unused shard of this dataset from the node's cache;
+    /// its id, or `None` when there is none.
+    fn evict_coldest_shard(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        let ds = Arc::clone(&self.ds);
+        blocking::run(py, move || ds.evict_coldest_shard())?.map_err(from_streamer)
+    }
+
+    /// Bytes of shard files in the node's cache folder now (every process of the node).
+    fn cache_usage(&self, py: Python<'_>) -> PyResult<u64> {
+        let ds = Arc::clone(&self.ds);
+        blocking::run(py, move || ds.cache_usage())?.map_err(from_streamer)
+    }
+
     /// Streams what `plan` says. `raw=True` yields column batches for
     /// `NativeStream.next_columns` instead of decoded samples.
     #[pyo3(signature = (plan, raw=false))]

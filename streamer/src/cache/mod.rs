@@ -308,6 +308,30 @@ impl Cache {
         })
     }
 
+    /// Deletes `key`'s shard from the folder now, as eviction does, if no process reads,
+    /// fetches or checks it: `Some(bytes freed)` (0 when it was not in the folder), `None` when
+    /// it is in use and was left alone.
+    pub fn evict(&self, key: &str) -> Result<Option<u64>> {
+        let inner = &self.inner;
+        inner.check_process()?;
+        let id = KeyId::of(key);
+        Ok(
+            match space::evict_key(&inner.layout, &inner.metrics, inner.generation, &id)? {
+                space::Removal::Removed(bytes) => Some(bytes),
+                space::Removal::Absent => Some(0),
+                space::Removal::InUse => None,
+            },
+        )
+    }
+
+    /// When `key`'s shard was last used (its file's modification time, which eviction orders
+    /// by), if it is in the folder.
+    pub fn last_use(&self, key: &str) -> Option<SystemTime> {
+        fs::metadata(self.inner.layout.data(&KeyId::of(key)))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
     /// Whether `key`'s data file is in the folder now: one `stat`, no lock and no check (an
     /// acquire still checks it). For callers that only want to skip work for a cached shard.
     pub(crate) fn holds(&self, key: &str) -> bool {

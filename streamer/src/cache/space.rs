@@ -267,3 +267,45 @@ fn evict(r: &Reserve<'_>, id: &KeyId, others: u64) -> Result<(u64, u64)> {
     write_ledger(r.layout, r.generation, data)?;
     Ok((data, pinned))
 }
+
+/// What [`evict_key`] did.
+pub(crate) enum Removal {
+    /// The shard's file was deleted; its bytes.
+    Removed(u64),
+    /// A process reads, fetches or checks it: left alone.
+    InUse,
+    /// It is not in the folder (or not a file the cache made).
+    Absent,
+}
+
+/// Deletes one named shard now, as an eviction pass would delete it, if nobody reads, fetches
+/// or checks it (takes `space.lock`), and moves the ledger down by its size. For a caller that
+/// asks for a shard by name (Mosaic's `evict_shard`) rather than for room.
+pub(crate) fn evict_key(
+    layout: &Layout,
+    metrics: &CacheMetrics,
+    generation: u64,
+    id: &KeyId,
+) -> Result<Removal> {
+    let _space = space_lock(layout)?;
+    let path = layout.data(id);
+    let size = match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return Ok(Removal::Absent),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::Absent),
+        Err(e) => return Err(io_err("stat", &path)(e)),
+    };
+    match evict_one(layout, id)? {
+        Evicted::Yes => {
+            if let Some(old) = read_ledger(layout, generation) {
+                write_ledger(layout, generation, old.saturating_sub(size))?;
+            }
+            debug!(id = id.as_str(), bytes = size, "evicted on request");
+            CacheMetrics::inc(&metrics.evictions, 1);
+            CacheMetrics::inc(&metrics.evicted_bytes, size);
+            Ok(Removal::Removed(size))
+        }
+        Evicted::InUse => Ok(Removal::InUse),
+        Evicted::NotOurs => Ok(Removal::Absent),
+    }
+}

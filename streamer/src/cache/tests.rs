@@ -301,3 +301,22 @@ fn a_ledger_left_too_high_by_a_crash_is_recounted_not_obeyed() {
     assert_eq!(cache.usage().unwrap(), 3 * SHARD);
     assert_eq!(cache.metrics().snapshot().evictions, 1);
 }
+
+#[test]
+fn a_shard_evicted_by_name_goes_unless_it_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(dir.path(), config(10 * SHARD)).unwrap();
+    assert_eq!(cache.evict("a").unwrap(), Some(0)); // not in the folder
+    let lease = cache.acquire(&spec("a"), put("a")).unwrap();
+    assert!(cache.last_use("a").is_some());
+    assert_eq!(cache.evict("a").unwrap(), None); // pinned by the lease
+    assert_eq!(cache.usage().unwrap(), SHARD);
+    drop(lease);
+    assert_eq!(cache.evict("a").unwrap(), Some(SHARD));
+    assert_eq!(cache.usage().unwrap(), 0);
+    assert!(cache.last_use("a").is_none());
+    assert_eq!(cache.metrics().snapshot().evictions, 1);
+    // Fetched again on the next acquire.
+    let again = cache.acquire(&spec("a"), put("a")).unwrap();
+    assert_eq!(fs::read(again.path()).unwrap(), body("a"));
+}

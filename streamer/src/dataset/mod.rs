@@ -32,6 +32,7 @@ mod fetch;
 mod growing;
 mod index;
 mod inner;
+mod manage;
 mod metrics;
 mod prefetch;
 mod proc;
@@ -55,6 +56,7 @@ use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, StreamShape, Weight};
 
 pub use fetch::{parts as fetch_parts, PART_BYTES, WRITE_BYTES};
+pub use manage::ShardInfo;
 pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
 pub use prefetch::{Prefetch, PrefetchReport};
 pub(crate) use proc::hold_proc_slots;
