@@ -8,7 +8,8 @@ epochs, against the counting moto server) with `SHARDSTREAM_NODE_METRICS` on and
 
 Each child process runs one untimed epoch, then `--runs` timed epochs (and as many untimed
 memory epochs, as consume.py always does). Prints every timed epoch's samples/s, the median of
-each setting and how far apart they are.
+each setting and how far apart they are, and the median of each pair's on/off ratio (the two
+children of a pair ran within the same half minute, so the ratio is less moved by the load).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     profile = next(p for p in datasets.profiles(False) if p.name == "10KB")
     local = datasets.build(work, profile)["mds"]
     rates: dict[str, list[float]] = {"on": [], "off": []}
+    ratios: list[float] = []  # each pair's on ÷ off medians: the two ran within the same half minute
     with S3Server(sys.executable) as server:
         s3 = server.client()
         s3.create_bucket(Bucket="bench")
@@ -54,6 +56,7 @@ def main() -> None:
                "temperature": "cold", "urls": [], "local_files": [],
                "configs": [{"workers": 2, "shuffle": True}]}
         for i in range(args.pairs):
+            pair: dict[str, float] = {}
             for setting in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 scratch = work / "scratch" / f"{i}-{setting}"
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -75,12 +78,16 @@ def main() -> None:
                         sys.exit(f"epoch failed its check ({setting}): {r['check']}")
                     got.append(r["samples"] / r["epoch_s"])
                 rates[setting] += got
+                pair[setting] = statistics.median(got)
                 shutil.rmtree(scratch, ignore_errors=True)
                 print(f"pair {i} {setting:3}: " + ", ".join(f"{g:,.0f}" for g in got)
                       + f" samples/s ({time.time() - t:.0f} s)", flush=True)
+            ratios.append(pair["on"] / pair["off"])
     on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
     print(f"median samples/s: publishing on {on:,.0f} ({len(rates['on'])} epochs), "
           f"off {off:,.0f} ({len(rates['off'])} epochs); on is {100 * (on - off) / off:+.1f}% of off")
+    print(f"median of the pairs' on/off ratios: {statistics.median(ratios):.3f} "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} pairs)")
 
 
 if __name__ == "__main__":
