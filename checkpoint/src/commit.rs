@@ -154,7 +154,11 @@ impl CheckpointRoot {
     pub async fn commit(&self, attempt: &SaveAttempt, req: CommitRequest) -> Result<Manifest> {
         let span =
             info_span!("checkpoint.commit", id = %attempt.id(), attempt = %attempt.attempt());
-        self.commit_inner(attempt, req).instrument(span).await
+        let started = Instant::now();
+        let manifest = self.commit_inner(attempt, req).instrument(span).await?;
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        add(&self.metrics().commit_nanos, took);
+        Ok(manifest)
     }
 
     async fn commit_inner(&self, attempt: &SaveAttempt, req: CommitRequest) -> Result<Manifest> {

@@ -30,13 +30,13 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn is_mounted(path: &Path) -> bool {
+pub(crate) fn is_mounted(path: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     let want = path.to_str().unwrap();
     mounts.lines().any(|l| l.split(' ').nth(1) == Some(want))
 }
 
-fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()
@@ -45,21 +45,25 @@ fn signal(pid: u32, sig: &str) {
 }
 
 /// A foreground `shardstream mount` process; stopped (SIGTERM, then a lazy unmount) on drop.
-struct Daemon {
-    child: Option<Child>,
+pub(crate) struct Daemon {
+    pub(crate) child: Option<Child>,
     mountpoint: PathBuf,
-    ready: PathBuf,
+    pub(crate) ready: PathBuf,
 }
 
 impl Daemon {
-    fn start(
+    pub(crate) fn start(
         dataset: &str,
         mountpoint: &Path,
         cache: &Path,
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Daemon {
-        std::fs::create_dir_all(mountpoint).unwrap();
+        // A dead mount there (ENOTCONN) fails `create_dir_all` with EEXIST: the folder is there,
+        // and `mount` clears the dead mount itself (mount_pod.rs).
+        if let Err(e) = std::fs::create_dir_all(mountpoint) {
+            assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        }
         let ready = mountpoint.with_extension("ready");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_shardstream"));
         cmd.args([
@@ -96,12 +100,12 @@ impl Daemon {
         }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
 
     /// SIGTERM; returns whether the process exited 0.
-    fn stop(&mut self) -> bool {
+    pub(crate) fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };

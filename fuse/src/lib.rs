@@ -6,7 +6,9 @@
 //! streamer's node cache and budget; names and sizes come from the index, never from a LIST.
 //!
 //! The logic is the plain type [`DatasetFs`] over a [`DatasetSource`], tested without a mount;
-//! [`adapter`] translates it for `fuser`; [`mount()`] runs a session with an owner that unmounts.
+//! [`adapter`] translates it for `fuser`; [`mount()`] runs a session with an owner that unmounts;
+//! [`mountpoint`] decides, without a mount, what is at a mount point (live, dead, nothing) and
+//! whether `allow_other` may be asked for.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -31,6 +33,7 @@ pub mod error;
 pub mod fs;
 pub mod layout;
 pub mod mount;
+pub mod mountpoint;
 pub mod names;
 pub mod passthrough;
 pub mod readahead;

@@ -9,6 +9,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 use crate::adapter::{FuseAdapter, MountStats};
 use crate::fs::DatasetFs;
+use crate::mountpoint;
 
 /// How to mount.
 #[derive(Debug, Clone)]
@@ -62,6 +63,18 @@ pub enum MountError {
         /// The cause.
         source: std::io::Error,
     },
+    /// `allow_other` was asked for by a user that `/etc/fuse.conf` does not allow it to
+    /// ([`crate::mountpoint::allow_other_refusal`]: the message names the fix).
+    #[error("{0}")]
+    AllowOtherRefused(String),
+    /// A dead mount (`ENOTCONN`) at the mount point could not be cleared.
+    #[error("cannot clear the dead mount at {path}: {source}")]
+    ClearDead {
+        /// The mount point.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The session ended with an error.
     #[error("the FUSE session at {path} failed: {source}")]
     Session {
@@ -83,12 +96,27 @@ pub struct Mount {
 }
 
 /// Mounts `fs` at `mountpoint`; returns once the kernel has completed the FUSE handshake, so the
-/// mount serves requests as soon as this returns.
+/// mount serves requests as soon as this returns. A dead mount left at `mountpoint` by a killed
+/// server is detached first, and `allow_other` is refused up front, with the fix named, where
+/// `/etc/fuse.conf` would make `fusermount3` refuse it ([`crate::mountpoint`]).
 pub fn mount(
     fs: DatasetFs,
     mountpoint: &Path,
     options: &MountOptions,
 ) -> Result<Mount, MountError> {
+    if options.allow_other {
+        let uid = rustix::process::geteuid().as_raw();
+        let conf = std::fs::read_to_string(mountpoint::FUSE_CONF).ok();
+        if let Some(reason) = mountpoint::allow_other_refusal(uid, conf.as_deref()) {
+            return Err(MountError::AllowOtherRefused(reason));
+        }
+    }
+    if mountpoint::clear_dead(mountpoint).map_err(|source| MountError::ClearDead {
+        path: mountpoint.to_path_buf(),
+        source,
+    })? {
+        tracing::info!(mountpoint = %mountpoint.display(), "cleared a dead mount");
+    }
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,

@@ -10,10 +10,12 @@
 //!   directory written by torch's own `FileSystemWriter` (no manifest, so nothing to check).
 //!
 //! Every call that touches storage runs on the process's tokio runtime ([`crate::runtime`]) with
-//! the GIL released ([`crate::blocking`]).
+//! the GIL released ([`crate::blocking`]), and publishes the process's checkpoint counters into
+//! the node's metrics when it returns ([`node_counters`]: under `shardstream run` they are in
+//! the node's sum that `run` serves).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -29,6 +31,7 @@ use shardstream_checkpoint::{
     CheckpointError as CoreError, CheckpointInfo, CheckpointMetrics, CheckpointReader,
     CheckpointRoot, CommitRequest, FileRecord, FileWriter, RankWriter, SaveAttempt, UploadConfig,
 };
+use shardstream_streamer::dataset::{NamedCounters, ProcessCounters};
 
 use crate::runtime::runtime;
 use crate::{blocking, errors};
@@ -50,7 +53,21 @@ where
     T: Send,
     F: std::future::Future<Output = Result<T, CoreError>>,
 {
-    blocking::block_on(py, make)?.map_err(to_py)
+    let result = blocking::block_on(py, make);
+    node_counters().publish(checkpoint_counters);
+    result?.map_err(to_py)
+}
+
+/// This process's checkpoint counters in the node folder that `shardstream run` exported
+/// (nothing outside `run`): one file per process, whatever the number of roots opened.
+fn node_counters() -> &'static ProcessCounters {
+    static COUNTERS: OnceLock<ProcessCounters> = OnceLock::new();
+    COUNTERS.get_or_init(ProcessCounters::from_env)
+}
+
+/// The process-wide checkpoint counters under their metric names.
+fn checkpoint_counters() -> NamedCounters {
+    NamedCounters::new(CheckpointMetrics::global().snapshot().named())
 }
 
 /// The one mapping from checkpoint errors to the Python exception tree.
@@ -84,6 +101,7 @@ impl CheckpointStore {
     #[new]
     fn new(url: &str) -> PyResult<Self> {
         let root = CheckpointRoot::open_url(url).map_err(to_py)?;
+        node_counters().start(checkpoint_counters);
         Ok(Self {
             root,
             url: url.to_owned(),

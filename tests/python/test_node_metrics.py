@@ -4,7 +4,9 @@ A real Prometheus (Debian's package) scrapes it while a 2-rank torchrun job, eac
 DataLoader(num_workers=2), streams an epoch from the local S3 server; its HTTP API then says the
 node fetched exactly the dataset's shard bytes (each shard once per node), and the counter never
 went backwards although the DataLoader workers exited after the epoch; `ds.metrics(node=True)`
-in a rank says the same from Python."""
+in a rank says the same from Python. A checkpoint saved and loaded with
+`shardstream.checkpoint` under `shardstream run` adds its bytes, commit and reads to the node's
+sum that `run` serves."""
 
 from __future__ import annotations
 
@@ -168,3 +170,82 @@ def test_prometheus_sees_the_node_sum_of_every_rank_and_worker(tmp_path, moto, p
             out, _ = job.communicate()
     assert job.returncode == 0, out
     assert int((tmp_path / "seen").read_text()) == shard_bytes
+
+
+CKPT_JOB = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from shardstream.checkpoint import StorageReader, StorageWriter, list_checkpoints
+
+    root, done, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32), "b": torch.ones(100)}
+    dcp.save(state, storage_writer=StorageWriter(root + "/step_1"), no_dist=True)
+    back = {"w": torch.zeros(1 << 16), "b": torch.zeros(100)}
+    dcp.load(back, storage_reader=StorageReader(root + "/step_1"), no_dist=True)
+    assert torch.equal(back["w"], state["w"])
+    [info] = list_checkpoints(root)
+    with open(out, "w") as f:
+        json.dump(info, f)
+    # Stay up so that `run` keeps serving until the test has read it.
+    while not os.path.exists(done):
+        time.sleep(0.1)
+    """
+)
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_a_checkpoint_saved_under_run_adds_its_bytes_to_the_node_sum(tmp_path, shardstream_bin):
+    script = tmp_path / "ckpt_job.py"
+    script.write_text(CKPT_JOB)
+    done, info_file = tmp_path / "done", tmp_path / "info.json"
+    port = free_port()
+    env = dict(os.environ)
+    for var in ("SHARDSTREAM_RUN_ID", "SHARDSTREAM_CACHE_DIR", "TORCHELASTIC_RUN_ID",
+                "SHARDSTREAM_METRICS_ADDR", "SHARDSTREAM_NODE_METRICS"):
+        env.pop(var, None)
+    job = subprocess.Popen(
+        [str(shardstream_bin), "run", "--run-id", "ckpt-metrics", "--cache-root",
+         str(tmp_path / "cache"), "--metrics-addr", f"127.0.0.1:{port}", "--",
+         sys.executable, str(script), str(tmp_path / "ckpt"), str(done), str(info_file)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not info_file.exists():
+            assert job.poll() is None, f"the job ended early:\n{job.stdout.read()}"
+            assert time.monotonic() < deadline, "the checkpoint job did not finish"
+            time.sleep(0.2)
+        time.sleep(0.2)  # the file is written whole, but read it once it is closed
+        info = json.loads(info_file.read_text())
+        # Published when each call returns: no waiting for a period.
+        seen = scrape(port)
+        assert seen["shardstream_checkpoint_bytes_total"] == info["total_bytes"], (seen, info)
+        assert seen["shardstream_checkpoint_files_total"] == info["files"]
+        assert seen["shardstream_checkpoint_commits_total"] == 1
+        assert seen["shardstream_checkpoint_commit_seconds_total"] > 0
+        # The load read the tensors back (and the metadata): at least the data's bytes.
+        assert seen["shardstream_checkpoint_read_bytes_total"] >= 4 * (1 << 16)
+        # The dataset's counters are served beside them, at zero (nothing streamed).
+        assert seen["shardstream_fetch_bytes_total"] == 0
+        published = list((tmp_path / "cache" / "ckpt-metrics" / "0" / "metrics").iterdir())
+        assert len(published) == 1, published
+    finally:
+        done.write_text("")
+        try:
+            out, _ = job.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            out, _ = job.communicate()
+    assert job.returncode == 0, out

@@ -9,6 +9,9 @@
 //!   torch's `FileSystemReader` and shardstream's `StorageReader` both load
 //!   ([`shardstream_checkpoint::CheckpointReader::download_to`]: sizes checked against the
 //!   store before anything is allocated, bounded memory, no `.partial` left on failure).
+//!
+//! Under `shardstream run` a command's checkpoint traffic (verify and download read every
+//! byte) is published into the node's metrics when it ends, as the Python backends do.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,9 +20,11 @@ use anyhow::{bail, Context};
 use futures::StreamExt;
 use serde::Serialize;
 use shardstream_checkpoint::{
-    CheckpointInfo, CheckpointRoot, DownloadReport, GcOptions, GcReport, RetentionPolicy,
+    CheckpointInfo, CheckpointMetrics, CheckpointRoot, DownloadReport, GcOptions, GcReport,
+    RetentionPolicy,
 };
 use shardstream_storage::object_store::ObjectStore;
+use shardstream_streamer::dataset::{NamedCounters, ProcessCounters};
 
 use crate::output::outln;
 use crate::{runtime, Global};
@@ -163,6 +168,15 @@ fn entry(root: &str, i: &CheckpointInfo) -> Entry {
 /// Runs `ckpt`.
 pub fn run(args: CkptArgs, global: &Global) -> anyhow::Result<()> {
     let _ = global;
+    let node = ProcessCounters::from_env();
+    let counters = || NamedCounters::new(CheckpointMetrics::global().snapshot().named());
+    node.start(counters);
+    let result = run_action(args);
+    node.publish(counters);
+    result
+}
+
+fn run_action(args: CkptArgs) -> anyhow::Result<()> {
     let rt = runtime::build(runtime::default_workers())?;
     match args.action {
         CkptAction::Ls { root, json } => {

@@ -9,6 +9,7 @@ pub mod completions;
 pub mod inspect;
 pub mod merge_index;
 pub mod mount;
+pub mod mount_check;
 pub mod run;
 pub mod shard;
 pub mod simulate;
@@ -39,6 +40,9 @@ pub enum Command {
     Stream(stream::StreamArgs),
     /// Mount a dataset read-only with FUSE.
     Mount(mount::MountArgs),
+    /// Liveness probe of a mount: exit 0 when a mount at MOUNTPOINT answers, non-zero when it
+    /// is dead (ENOTCONN), missing or hung.
+    MountCheck(mount_check::MountCheckArgs),
     /// Checkpoint management.
     Ckpt(ckpt::CkptArgs),
     /// Pod entrypoint around torchrun: prepare the cache, mount, export the env, clean up.
@@ -65,7 +69,10 @@ impl Command {
             Command::Simulate(a) => a.json,
             Command::Ckpt(a) => a.action.json(),
             Command::Cache(a) => a.action.json(),
-            Command::Mount(_) | Command::Run(_) | Command::Completions(_) => false,
+            Command::Mount(_)
+            | Command::MountCheck(_)
+            | Command::Run(_)
+            | Command::Completions(_) => false,
         }
     }
 }
@@ -83,6 +90,7 @@ pub fn run(command: Command, global: &Global) -> anyhow::Result<()> {
         Command::Stream(args) => stream::run(args, global),
         Command::Simulate(args) => simulate::run(args),
         Command::Mount(args) => mount::run(args, global),
+        Command::MountCheck(args) => mount_check::run(&args),
         Command::Ckpt(args) => ckpt::run(args, global),
         Command::Run(args) => run::run(args, global),
         Command::Cache(args) => cache::run(args, global),

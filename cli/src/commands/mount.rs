@@ -5,13 +5,18 @@
 //! Background (the default): starts itself with `--foreground` in a process group of its own,
 //! waits for the ready file, prints the daemon's pid and exits; a failure before readiness is
 //! reported with the daemon's log.
+//!
+//! In a pod: a dead mount (`ENOTCONN`) that a killed sidecar left at the mount point is
+//! detached before mounting again, `--allow-other` as a user other than root needs
+//! `user_allow_other` in /etc/fuse.conf (refused up front with exit code 78 otherwise), and
+//! `shardstream mount-check MOUNTPOINT` is the liveness probe.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use shardstream_fuse::{DatasetFs, FsConfig, MountOptions, StreamingSource};
+use shardstream_fuse::{DatasetFs, FsConfig, MountError, MountOptions, StreamingSource};
 use shardstream_streamer::dataset::{StreamingConfig, StreamingDataset};
 
 use crate::exit::ConfigError;
@@ -128,8 +133,15 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         fs_name: format!("shardstream:{}", args.dataset),
         ..MountOptions::default()
     };
-    let mut mount = shardstream_fuse::mount(fs, &args.mountpoint, &options)
-        .with_context(|| format!("cannot mount at {}", args.mountpoint.display()))?;
+    let mut mount = match shardstream_fuse::mount(fs, &args.mountpoint, &options) {
+        Ok(mount) => mount,
+        // A setting this user may not have: a configuration error, with the fix named.
+        Err(MountError::AllowOtherRefused(reason)) => return Err(ConfigError(reason).into()),
+        Err(e) => {
+            return Err(anyhow::Error::new(e))
+                .with_context(|| format!("cannot mount at {}", args.mountpoint.display()))
+        }
+    };
     if let Some(ready) = &args.ready_file {
         write_ready_file(ready, &args.mountpoint)?;
     }

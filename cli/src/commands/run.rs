@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context;
+use shardstream_checkpoint::MetricsSnapshot as CheckpointSnapshot;
 use shardstream_launcher::identity::resolve_for_command;
 use shardstream_launcher::{
     locate_resolved, os_env, prepare_cache_dir, start_mount, EarlySignals, HookResult,
@@ -77,8 +78,15 @@ pub fn run(args: RunArgs, global: &Global) -> anyhow::Result<()> {
         Some(addr) => {
             let node = lease.dir().to_path_buf();
             Some(metrics_server::serve(addr, move || {
-                match shardstream_streamer::dataset::node_metrics(&node) {
-                    Ok(sum) => sum.to_prometheus(),
+                match shardstream_streamer::dataset::node_sum(&node) {
+                    Ok(sum) => {
+                        // The checkpoint writers' and readers' counters ride in the sum by
+                        // name; their owner renders them.
+                        let checkpoint = CheckpointSnapshot::from_named(|name| {
+                            sum.named.counters.get(name).copied()
+                        });
+                        sum.dataset.to_prometheus() + &checkpoint.to_prometheus()
+                    }
                     Err(e) => {
                         warn!(error = %e, "cannot read the node's metrics");
                         String::new()

@@ -16,12 +16,20 @@
 //! Files instead of a socket or shared memory: the node folder is the one thing every process of
 //! the node already shares (by contract), a file survives its writer, and a process that is
 //! killed loses at most its last second.
+//!
+//! **Other counters.** Checkpoint writers and readers (and anything else above the streamer)
+//! publish through the same [`Publisher`], as [`NamedCounters`]: a `counters` object of
+//! `shardstream_*` names (without the prefix) to values, which [`node_sum`] adds up by name.
+//! The owner of those names renders them; this module only carries and sums them.
+//!
+//! `SHARDSTREAM_NODE_METRICS=0` turns publishing off in a process ([`NODE_METRICS_ENV`]).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -253,6 +261,84 @@ impl MetricsSnapshot {
     }
 }
 
+/// Counters a [`Publisher`] can publish: written whole as JSON, compared to skip an unchanged
+/// write, and made relative to what a forked child inherited.
+pub trait Counters: Clone + PartialEq + Serialize {
+    /// What was counted since `earlier` (counters subtracted, gauges kept).
+    fn since(&self, earlier: &Self) -> Self;
+}
+
+impl Counters for MetricsSnapshot {
+    fn since(&self, earlier: &Self) -> Self {
+        MetricsSnapshot::since(self, earlier)
+    }
+}
+
+/// Monotonic counters by name (the `shardstream_*` name without its prefix, e.g.
+/// `checkpoint_bytes_total`), published by a part of shardstream above the streamer
+/// (checkpoint writers and readers). Serialized as `{"counters": {name: value}}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NamedCounters {
+    /// Name to value; every one a counter (never goes backwards).
+    pub counters: BTreeMap<String, f64>,
+}
+
+impl NamedCounters {
+    /// Counters from `(name, value)` pairs.
+    pub fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, f64)>) -> Self {
+        NamedCounters {
+            counters: pairs
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect(),
+        }
+    }
+
+    fn add(&mut self, other: &NamedCounters) {
+        for (name, value) in &other.counters {
+            *self.counters.entry(name.clone()).or_default() += value;
+        }
+    }
+}
+
+impl Counters for NamedCounters {
+    fn since(&self, earlier: &Self) -> Self {
+        NamedCounters {
+            counters: self
+                .counters
+                .iter()
+                .map(|(name, value)| {
+                    let before = earlier.counters.get(name).copied().unwrap_or(0.0);
+                    (name.clone(), (value - before).max(0.0))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `0` (or `false`, `off`, `no`) turns node-metrics publishing off in a process: its counters
+/// then stay out of the node's sum (`ds.metrics()` still counts them). For measuring what
+/// publishing costs; on by default.
+pub const NODE_METRICS_ENV: &str = "SHARDSTREAM_NODE_METRICS";
+
+/// Whether this process publishes node metrics ([`NODE_METRICS_ENV`], read once).
+pub fn publishing_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        let off = std::env::var(NODE_METRICS_ENV).is_ok_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "off" | "no"
+            )
+        });
+        if off {
+            debug!("{NODE_METRICS_ENV} is off: this process publishes no node metrics");
+        }
+        !off
+    })
+}
+
 /// The folder inside a node's cache folder where its processes publish their counters.
 pub const METRICS_DIR: &str = "metrics";
 /// How often a process publishes its counters while they change.
@@ -260,33 +346,42 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// A file not written for this long belongs to a process that no longer holds memory.
 const LIVE_WITHIN: Duration = Duration::from_secs(30);
 
-/// Publishes one dataset handle's counters of this process into the node folder (see the
-/// module doc).
-#[derive(Debug, Default)]
-pub(crate) struct Publisher {
+/// Publishes one set of counters of this process (a dataset handle's, or the process's
+/// checkpoint counters) into the node folder (see the module doc).
+#[derive(Debug)]
+pub struct Publisher<T = MetricsSnapshot> {
     /// The process that owns `state` (a forked child starts its own).
     pid: AtomicU32,
-    state: Mutex<Option<Published>>,
+    state: Mutex<Option<Published<T>>>,
+}
+
+impl<T> Default for Publisher<T> {
+    fn default() -> Self {
+        Publisher {
+            pid: AtomicU32::new(0),
+            state: Mutex::new(None),
+        }
+    }
 }
 
 #[derive(Debug)]
-struct Published {
+struct Published<T> {
     file: PathBuf,
     /// The counters this process had when it started: its parent's, for a forked child.
-    baseline: MetricsSnapshot,
-    /// What was written last, so that an unchanged handle writes nothing.
-    last: Option<MetricsSnapshot>,
+    baseline: T,
+    /// What was written last, so that unchanged counters write nothing.
+    last: Option<T>,
 }
 
-impl Publisher {
+impl<T: Counters> Publisher<T> {
     /// Makes sure this process publishes into `node_dir`, starting a file of its own (with
     /// the counters it holds now as the baseline) the first time it is called in a process;
-    /// returns whether it started one now (the caller then starts the periodic task).
-    pub(crate) fn start(
-        &self,
-        node_dir: &Path,
-        snapshot: impl FnOnce() -> MetricsSnapshot,
-    ) -> bool {
+    /// returns whether it started one now (the caller then starts the periodic task). Starts
+    /// nothing when publishing is off ([`NODE_METRICS_ENV`]).
+    pub fn start(&self, node_dir: &Path, snapshot: impl FnOnce() -> T) -> bool {
+        if !publishing_enabled() {
+            return false;
+        }
         let pid = std::process::id();
         if self.pid.load(Ordering::Acquire) == pid {
             return false;
@@ -321,7 +416,7 @@ impl Publisher {
     }
 
     /// Publishes now, if the counters changed since the last time.
-    pub(crate) fn publish(&self, snapshot: impl FnOnce() -> MetricsSnapshot) {
+    pub fn publish(&self, snapshot: impl FnOnce() -> T) {
         if self.pid.load(Ordering::Acquire) != std::process::id() {
             return;
         }
@@ -335,11 +430,58 @@ impl Publisher {
         if published.last.as_ref() == Some(&counted) {
             return;
         }
-        published.last = Some(counted);
         if let Err(e) = write_whole(&published.file, &counted) {
             // Metrics must never fail the data path; a folder that cannot take them is logged.
             debug!(file = %published.file.display(), error = %e, "cannot publish metrics");
         }
+        published.last = Some(counted);
+    }
+}
+
+/// Named counters of this process published into the node folder that `shardstream run`
+/// exported (`SHARDSTREAM_CACHE_DIR`); nothing is published outside `run`. For counters that
+/// belong to the process rather than to a dataset handle (the checkpoint crate's process-wide
+/// counters): keep one in a `static`, call [`ProcessCounters::start`] when the counting object
+/// is made (before it counts) and [`ProcessCounters::publish`] after the work that changes them.
+#[derive(Debug)]
+pub struct ProcessCounters {
+    node_dir: Option<PathBuf>,
+    publisher: Publisher<NamedCounters>,
+}
+
+impl ProcessCounters {
+    /// Publishes into the node folder named by `SHARDSTREAM_CACHE_DIR`, if set.
+    pub fn from_env() -> Self {
+        let node_dir = std::env::var_os(shardstream_identity::CACHE_DIR_ENV)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        ProcessCounters::in_dir(node_dir)
+    }
+
+    /// Publishes into `node_dir` (none: publishes nothing).
+    pub fn in_dir(node_dir: Option<PathBuf>) -> Self {
+        ProcessCounters {
+            node_dir,
+            publisher: Publisher::default(),
+        }
+    }
+
+    /// Starts this process's file: what `counters` reads now (zeros, or what a forked child
+    /// inherited) is the baseline that later publishes subtract. Once per process; later
+    /// calls do nothing.
+    pub fn start(&self, counters: impl FnOnce() -> NamedCounters) {
+        if let Some(dir) = &self.node_dir {
+            self.publisher.start(dir, counters);
+        }
+    }
+
+    /// Publishes the counters `counters` reads now, if they changed. In a process that never
+    /// called [`ProcessCounters::start`] the counts up to now are the baseline (never counted
+    /// twice, at the price of those).
+    pub fn publish(&self, counters: impl Fn() -> NamedCounters) {
+        let Some(dir) = &self.node_dir else { return };
+        self.publisher.start(dir, &counters);
+        self.publisher.publish(&counters);
     }
 }
 
@@ -355,7 +497,7 @@ pub(crate) async fn publish_every_second(inner: std::sync::Weak<super::Inner>) {
     }
 }
 
-fn write_whole(file: &Path, snapshot: &MetricsSnapshot) -> io::Result<()> {
+fn write_whole(file: &Path, snapshot: &impl Serialize) -> io::Result<()> {
     let body = serde_json::to_vec(snapshot).map_err(io::Error::other)?;
     let tmp = file.with_extension("json.tmp");
     let written = fs::write(&tmp, &body);
@@ -372,11 +514,37 @@ fn write_whole(file: &Path, snapshot: &MetricsSnapshot) -> io::Result<()> {
     fs::rename(&tmp, file)
 }
 
-/// The sum of the counters every process published into a node folder (see the module doc):
-/// what `shardstream run` serves. A folder with none gives zeros.
+/// The sum of a node folder's published counters: the datasets' and the named ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeSum {
+    /// Every dataset handle's counters, summed ([`MetricsSnapshot::add`]).
+    pub dataset: MetricsSnapshot,
+    /// Every [`NamedCounters`] file's counters, summed by name.
+    pub named: NamedCounters,
+}
+
+/// One published file: a dataset's snapshot, or named counters (the other part's fields
+/// are absent and read as zeros).
+#[derive(Deserialize)]
+struct PublishedFile {
+    #[serde(flatten)]
+    dataset: MetricsSnapshot,
+    #[serde(flatten)]
+    named: NamedCounters,
+}
+
+/// The sum of the dataset counters every process published into a node folder (see the
+/// module doc). A folder with none gives zeros.
 pub fn node_metrics(node_dir: &Path) -> io::Result<MetricsSnapshot> {
+    node_sum(node_dir).map(|sum| sum.dataset)
+}
+
+/// The sum of everything every process published into a node folder, dataset counters and
+/// named ones (see the module doc): what `shardstream run` serves. A folder with none gives
+/// zeros.
+pub fn node_sum(node_dir: &Path) -> io::Result<NodeSum> {
     let dir = node_dir.join(METRICS_DIR);
-    let mut total = MetricsSnapshot::default();
+    let mut total = NodeSum::default();
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(total),
@@ -390,7 +558,7 @@ pub fn node_metrics(node_dir: &Path) -> io::Result<MetricsSnapshot> {
         }
         // Written whole by rename: a file that does not parse is not ours, and is skipped.
         let Ok(bytes) = fs::read(&path) else { continue };
-        let Ok(snapshot) = serde_json::from_slice::<MetricsSnapshot>(&bytes) else {
+        let Ok(file) = serde_json::from_slice::<PublishedFile>(&bytes) else {
             continue;
         };
         let live = entry
@@ -399,7 +567,8 @@ pub fn node_metrics(node_dir: &Path) -> io::Result<MetricsSnapshot> {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|age| age < LIVE_WITHIN);
-        total.add(&snapshot, live);
+        total.dataset.add(&file.dataset, live);
+        total.named.add(&file.named);
     }
     Ok(total)
 }
@@ -502,5 +671,41 @@ mod tests {
         );
         p.publish(snap(3));
         assert_eq!(node_metrics(dir.path()).unwrap().samples, 3);
+    }
+
+    #[test]
+    fn named_counters_ride_in_the_node_sum_beside_the_datasets() {
+        let dir = tempfile::tempdir().unwrap();
+        let dataset = Publisher::default();
+        dataset.start(dir.path(), MetricsSnapshot::default);
+        dataset.publish(|| MetricsSnapshot {
+            fetch_bytes: 10,
+            ..MetricsSnapshot::default()
+        });
+        // Two processes' checkpoint counters, one of them a child that inherited 100 bytes.
+        let named = |bytes: f64, commits: f64| {
+            NamedCounters::new([
+                ("checkpoint_bytes_total", bytes),
+                ("checkpoint_commits_total", commits),
+            ])
+        };
+        let parent = ProcessCounters::in_dir(Some(dir.path().to_path_buf()));
+        parent.start(NamedCounters::default);
+        parent.publish(|| named(100.0, 1.0));
+        let child = ProcessCounters::in_dir(Some(dir.path().to_path_buf()));
+        child.start(|| named(100.0, 1.0));
+        child.publish(|| named(150.0, 2.0));
+        let sum = node_sum(dir.path()).unwrap();
+        assert_eq!(sum.dataset.fetch_bytes, 10);
+        assert_eq!(sum.named.counters["checkpoint_bytes_total"], 150.0);
+        assert_eq!(sum.named.counters["checkpoint_commits_total"], 2.0);
+        // The datasets' sum alone is unchanged by the named files.
+        assert_eq!(node_metrics(dir.path()).unwrap(), sum.dataset);
+        // Outside `run` (no node folder) nothing is written.
+        ProcessCounters::in_dir(None).publish(|| named(1.0, 1.0));
+        assert_eq!(
+            fs::read_dir(dir.path().join(METRICS_DIR)).unwrap().count(),
+            3
+        );
     }
 }

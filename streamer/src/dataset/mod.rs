@@ -57,7 +57,10 @@ use crate::order::{DatasetShape, StreamShape, Weight};
 
 pub use fetch::{parts as fetch_parts, PART_BYTES, WRITE_BYTES};
 pub use manage::ShardInfo;
-pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
+pub use metrics::{
+    node_metrics, node_sum, publishing_enabled, Counters, MetricsSnapshot, NamedCounters, NodeSum,
+    ProcessCounters, Publisher, METRICS_DIR, NODE_METRICS_ENV,
+};
 pub use prefetch::{Prefetch, PrefetchReport};
 pub(crate) use proc::hold_proc_slots;
 pub use shard::{RawSample, ShardHandle};
@@ -69,7 +72,7 @@ use index::IndexCopy;
 pub use index::StreamSpec;
 use index::{load_index, Loaded};
 pub(crate) use inner::Inner;
-use metrics::{Metrics, Publisher};
+use metrics::Metrics;
 use proc::ProcSlot;
 
 use crate::memory::MemoryPlan;
