@@ -7,7 +7,7 @@ the start of the iteration, S seconds later): when each worker began
 iterating, when each worker yielded its batches, when the training process received them, and
 when the loop ended (after the DataLoader shut its workers down); with `--files`, also when each
 shard's temp file appeared in the cache and when it was committed. It is a diagnostic, not a
-benchmark (benches/run.py measures); docs/python.md ("Prefetch at construction") quotes it.
+benchmark (benches/run.py measures); docs/python-internals.md ("Prefetch at construction") quotes it.
 
     .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 6
     .venv/bin/python benches/cold_timeline.py --profile 10KB --epochs 6 --no-prefetch-on-init

@@ -26,17 +26,27 @@
 #   (which checks its glibc symbols against manylinux_2_28); the binary is then added to the
 #   package's wheel as `<name>.data/scripts/shardstream` (with its RECORD line), which pip
 #   installs into the environment's `bin/` as it does any wheel's scripts.
+#
+# SHARDSTREAM_WHEEL_QUICK=1 builds the same wheel layout from the dev profile, without zig and
+# tagged plain `linux_x86_64` (no manylinux symbol check): what CI's wheel test installs, since
+# it reuses the debug build the tests already made (a minute, not two release builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 out=${1:-$root/target/wheels}
 py=${SHARDSTREAM_PYTHON:-$root/.venv/bin/python}
-compat=manylinux_2_28
+if [ "${SHARDSTREAM_WHEEL_QUICK:-}" = 1 ]; then
+  compat=linux
+  build_flags=(--profile dev)
+else
+  compat=manylinux_2_28
+  build_flags=(--zig --profile dist)
+fi
 mkdir -p "$out"
 # maturin next to the interpreter (the test venv's), else the one on PATH.
 if [ -x "$(dirname "$py")/maturin" ]; then maturin="$(dirname "$py")/maturin"; else maturin=$(command -v maturin); fi
 
-if ! "$py" -m ziglang version >/dev/null 2>&1; then
+if [ "$compat" != linux ] && ! "$py" -m ziglang version >/dev/null 2>&1; then
   echo "build-wheel.sh: needs ziglang in $py's environment (pip install -r tests/requirements.txt)" >&2
   exit 1
 fi
@@ -44,7 +54,7 @@ fi
 # The cache key: the commit and the uncommitted changes of everything that goes into the wheel.
 sources=(Cargo.toml Cargo.lock identity storage sharding streamer checkpoint fuse launcher cli
   pyo3-bindings scripts/build-wheel.sh)
-key=$( { git rev-parse HEAD; git status --porcelain --untracked-files=all -- "${sources[@]}";
+key=$( { echo "$compat"; git rev-parse HEAD; git status --porcelain --untracked-files=all -- "${sources[@]}";
   git diff HEAD -- "${sources[@]}"; } | sha256sum | cut -c1-16)
 stamp="$out/.shardstream-wheel-$key"
 if [ -f "$stamp" ] && [ -f "$(cat "$stamp")" ]; then
@@ -58,12 +68,12 @@ trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)
 
 # 1. The CLI, as maturin's bin wheel for manylinux_2_28.
-"$maturin" build -b bin -m cli/Cargo.toml --zig --compatibility "$compat" --profile dist \
+"$maturin" build -b bin -m cli/Cargo.toml --compatibility "$compat" "${build_flags[@]}" \
   -o "$tmp/cli" >&2
 
 # 2. The package: the native module (abi3) and the Python layer.
 rm -f "$out"/shardstream-*.whl
-"$maturin" build -m pyo3-bindings/Cargo.toml --zig --compatibility "$compat" --profile dist \
+"$maturin" build -m pyo3-bindings/Cargo.toml --compatibility "$compat" "${build_flags[@]}" \
   --features pyo3/extension-module,abi3 -o "$out" >&2
 wheel=$(ls "$out"/shardstream-*.whl)
 

@@ -472,6 +472,8 @@ def test_fuse_sidecar_serves_other_uids_and_is_probed(rendered):
     assert sidecar["restartPolicy"] == "Always"
     probe = " ".join(sidecar["livenessProbe"]["exec"]["command"])
     assert "/mnt/dataset" in probe and sidecar["livenessProbe"]["timeoutSeconds"] >= 1
+    # statfs through the FUSE server, not a stat the kernel may answer from its cache.
+    assert probe.startswith("shardstream mount-check /mnt/dataset"), probe
     [mount] = [m for m in sidecar["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
     assert mount["mountPropagation"] == "Bidirectional" and sidecar["securityContext"]["privileged"]
     [tmount] = [m for m in trainer(job)["volumeMounts"] if m["mountPath"] == "/mnt/dataset"]
