@@ -17,4 +17,5 @@ mod dataset_multiprocess;
 mod dataset_prefetch;
 mod dataset_random_access;
 mod dataset_stream;
+mod formats_wds;
 mod order_contract;

@@ -12,6 +12,7 @@ use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
 
 use super::config::StreamingConfig;
+use super::format::{ShardSchema, TarShard};
 use crate::cache::{read_index_copy, remove_index_copy, save_index_copy, ExpectedHash};
 use crate::error::{Result, StreamerError};
 use crate::order::Weight;
@@ -116,10 +117,60 @@ impl Loaded {
                 samples: info.samples,
                 first_sample: self.first_sample,
                 cache_bytes: cached,
-                columns,
+                schema: ShardSchema::Mds(columns),
             });
             counts.push(info.samples);
             self.first_sample += info.samples;
+        }
+        Ok(counts)
+    }
+}
+
+impl Loaded {
+    /// Adds a WebDataset stream from its counted tars; returns its per-shard sample counts.
+    /// A tar is stored as it is or gzip-compressed; in the cache it takes its inflated size
+    /// (plus the stored bytes while it is inflated), nothing when it is read in place.
+    pub(super) fn add_wds_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        tars: &[TarShard],
+    ) -> Result<Vec<u64>> {
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        let mut counts = Vec::with_capacity(tars.len());
+        for tar in tars {
+            let local = location.local_path(&tar.rel)?;
+            let name: Arc<str> = match &local {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(&tar.rel)),
+            };
+            let algorithm = tar.gzip.then_some(Algorithm::Gzip);
+            let cached = match (in_place, tar.gzip) {
+                (true, false) => 0,
+                (true, true) => tar.raw,
+                (false, true) => tar.raw.saturating_add(tar.stored),
+                (false, false) => tar.raw,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: tar.rel.clone(),
+                stored_size: tar.stored,
+                stored_hash: None,
+                algorithm,
+                raw_size: tar.raw,
+                raw_hash: None,
+                local_raw: local.clone().filter(|_| in_place && !tar.gzip),
+                local_stored: local.filter(|_| in_place),
+                samples: tar.samples,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                schema: ShardSchema::Wds,
+            });
+            counts.push(tar.samples);
+            self.first_sample = self.first_sample.saturating_add(tar.samples);
         }
         Ok(counts)
     }
@@ -231,5 +282,6 @@ pub(crate) struct ShardSource {
     pub first_sample: u64,
     /// Bytes it takes in the cache (0 when read in place).
     pub cache_bytes: u64,
-    pub columns: Arc<shardstream_sharding::mds::Columns>,
+    /// How its samples are found and split.
+    pub schema: ShardSchema,
 }
