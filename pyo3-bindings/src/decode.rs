@@ -68,6 +68,17 @@ pub fn parse_sample(
 ) -> Result<ParsedSample, FormatError> {
     let columns = match raw.schema() {
         SampleSchema::Mds(columns) => Arc::clone(columns),
+        SampleSchema::LitData(fields) => {
+            let values = fields
+                .decoder
+                .decode(&path(), raw.index_in_shard(), raw.bytes())?;
+            return Ok(ParsedSample {
+                schema: raw.schema().clone(),
+                columns: values.into_iter().map(Column::Value).collect(),
+                stored_bytes: raw.bytes().len(),
+                raw: None,
+            });
+        }
         SampleSchema::Wds(_) => {
             return Ok(ParsedSample {
                 schema: raw.schema().clone(),
@@ -231,6 +242,10 @@ impl Decoder {
         let imports = imports(py)?;
         let columns = match &sample.schema {
             SampleSchema::Wds(fields) => return self.wds_to_python(py, imports, fields, &sample),
+            SampleSchema::LitData(fields) => {
+                let fields = Arc::clone(fields);
+                return lit_to_python(py, imports, &fields, sample);
+            }
             SampleSchema::Mds(columns) => Arc::clone(columns),
         };
         let dict = PyDict::new(py);
@@ -315,6 +330,40 @@ impl Decoder {
         Ok(dict)
     }
 }
+
+/// A LitData item as litdata's `StreamingDataset` gives a flat dict item: each leaf by its
+/// serializer (`tensor` leaves as torch tensors, `numpy` as arrays, `pil` as images, `int`,
+/// `float`, `bool`, `str`, `bytes` as themselves).
+fn lit_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    fields: &shardstream_streamer::LitFields,
+    sample: ParsedSample,
+) -> PyResult<Bound<'py, PyDict>> {
+    use shardstream_sharding::litdata::LeafFormat;
+    let dict = PyDict::new(py);
+    let decoder = &fields.decoder;
+    for ((name, format), column) in decoder
+        .columns
+        .iter()
+        .zip(&decoder.formats)
+        .zip(sample.columns)
+    {
+        let Column::Value(value) = column else {
+            continue;
+        };
+        let mut object = value_to_python(py, imports, &Encoding::Bytes, value)?;
+        if matches!(format, LeafFormat::Tensor | LeafFormat::NoHeaderTensor(_)) {
+            let from_numpy = TORCH_FROM_NUMPY.import(py, "torch", "from_numpy")?;
+            object = from_numpy.call1((object.call_method0("copy")?,))?;
+        }
+        dict.set_item(name, object)?;
+    }
+    Ok(dict)
+}
+
+/// `torch.from_numpy`, imported on the first tensor leaf.
+static TORCH_FROM_NUMPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// `shardstream._wds.decode_field`, imported on the first member that needs it.
 static WDS_DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();

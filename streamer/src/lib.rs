@@ -52,7 +52,7 @@ pub mod runtime;
 pub mod settings;
 
 pub use dataset::{
-    DeferredSample, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleSchema,
+    DeferredSample, LitFields, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleSchema,
     SampleStream, ShardFormat, ShardHandle, StreamItem, StreamPlan, StreamSpec, StreamedSample,
     StreamingConfig, StreamingDataset, WdsFields,
 };

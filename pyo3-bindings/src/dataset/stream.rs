@@ -398,7 +398,7 @@ impl NativeStream {
             // sample of a stream with other columns (or a WebDataset sample) cannot join them.
             if let Some(other) = raws
                 .iter()
-                .find(|r| r.column_names() != names || matches!(r.schema(), SampleSchema::Wds(_)))
+                .find(|r| r.column_names() != names || !matches!(r.schema(), SampleSchema::Mds(_)))
             {
                 return Err(PyValueError::new_err(format!(
                     "column batches need every stream to have the first one's MDS columns \

@@ -13,8 +13,12 @@
 //! in the node's cache folder next to the index copies, keyed by the tar's URL and checked
 //! against its stored size on the next open; a local dataset is scanned at each open.
 //!
-//! A LitData `index.json` (`"chunks"`) is recognised and refused with a message that names the
-//! format (the CLI converts it to MDS).
+//! - **LitData**: an `index.json` with `"chunks"`. A chunk file has the MDS shard layout (u32
+//!   count, u32 offsets, items), each PyTree item a u32 size per leaf then the leaves, so it is
+//!   read as an MDS shard is; whole-file zstd chunks (`compression_level="chunk"`) are inflated
+//!   into the cache as compressed MDS shards are, per-item zstd (`"sample"`) items are inflated
+//!   when decoded. Framed (`"batch"`) chunks, token and other loaders, and encrypted datasets
+//!   are refused with a message naming what (the CLI converts them to MDS).
 
 use std::fs::File;
 use std::io::{self, BufReader, Read};
@@ -23,6 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
+use shardstream_sharding::litdata::{ItemDecoder, LitDataIndex};
 use shardstream_sharding::mds::Columns;
 use shardstream_sharding::wds::{braceexpand, locate_samples, LocatedSample};
 use shardstream_storage::{Location, StorageError};
@@ -40,6 +45,8 @@ pub enum ShardFormat {
     Mds,
     /// WebDataset tar shards.
     WebDataset,
+    /// LitData `optimize()` output: `index.json` with `"chunks"` and `chunk-*.bin` files.
+    LitData,
 }
 
 /// What a sample's fields are: its shard's MDS columns, or a tar sample's member extensions.
@@ -49,6 +56,8 @@ pub enum SampleSchema {
     Mds(Arc<Columns>),
     /// The extensions of a WebDataset sample's members, in archive order.
     Wds(Arc<WdsFields>),
+    /// A LitData item's leaves and their serializers.
+    LitData(Arc<LitFields>),
 }
 
 impl SampleSchema {
@@ -57,6 +66,7 @@ impl SampleSchema {
         match self {
             SampleSchema::Mds(c) => c.names(),
             SampleSchema::Wds(f) => &f.names,
+            SampleSchema::LitData(f) => &f.decoder.columns,
         }
     }
 }
@@ -70,6 +80,52 @@ pub struct WdsFields {
     pub url: Arc<str>,
 }
 
+/// The leaves of a LitData stream's items and how they decode.
+#[derive(Debug, PartialEq)]
+pub struct LitFields {
+    /// The leaves' names and serializers (`shardstream_sharding::litdata::ItemDecoder`).
+    pub decoder: ItemDecoder,
+}
+
+impl LitFields {
+    /// The byte ranges of an item's leaves (relative to `item`): after a u32 size per leaf; the
+    /// whole item as one range when items are zstd frames (the leaves are inside).
+    pub(crate) fn split(&self, name: &str, i: u64, item: &[u8]) -> Result<Vec<Range<usize>>> {
+        if self.decoder.per_item_zstd {
+            return Ok(std::iter::once(0..item.len()).collect());
+        }
+        let n = self.decoder.formats.len();
+        let bad = |reason: String| corrupt(name, format!("item {i}: {reason}"));
+        let mut pos = n
+            .checked_mul(4)
+            .filter(|h| *h <= item.len())
+            .ok_or_else(|| bad(format!("{} bytes cannot hold {n} leaf sizes", item.len())))?;
+        let mut out = Vec::with_capacity(n);
+        for leaf in 0..n {
+            let at = 4 * leaf;
+            let size = u32::from_le_bytes([item[at], item[at + 1], item[at + 2], item[at + 3]]);
+            let end = pos
+                .checked_add(size as usize)
+                .filter(|e| *e <= item.len())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "leaf {leaf} runs past the item's {} bytes",
+                        item.len()
+                    ))
+                })?;
+            out.push(pos..end);
+            pos = end;
+        }
+        if pos != item.len() {
+            return Err(bad(format!(
+                "{} bytes after the last leaf",
+                item.len() - pos
+            )));
+        }
+        Ok(out)
+    }
+}
+
 /// How a shard's samples are found in its file.
 #[derive(Debug, Clone)]
 pub(crate) enum ShardSchema {
@@ -77,6 +133,8 @@ pub(crate) enum ShardSchema {
     Mds(Arc<Columns>),
     /// A tar, located when the shard is opened.
     Wds,
+    /// A LitData chunk: the MDS header and offset table, then items of leaves.
+    LitData(Arc<LitFields>),
 }
 
 /// A URL split into the location to open and, for a WebDataset spec, the tars under it.
@@ -143,6 +201,8 @@ pub(crate) enum Opened {
     Mds(Vec<u8>, Index, bool),
     /// WebDataset tars, counted.
     Wds(Vec<TarShard>),
+    /// A LitData index: its bytes and the items' decoder.
+    LitData(Vec<u8>, Box<LitDataIndex>, Arc<LitFields>),
 }
 
 /// Opens a stream: `tars` named by its URL make it WebDataset; else `index.json` makes it MDS
@@ -154,10 +214,15 @@ pub(crate) fn open_stream(
     tars: Option<Vec<String>>,
     forced: Option<ShardFormat>,
     copies: Option<&Path>,
+    allow_unsafe_types: bool,
 ) -> Result<Opened> {
     let names = match (tars, forced) {
         (Some(names), _) => names,
         (None, Some(ShardFormat::WebDataset)) => list_tars(location)?,
+        (None, Some(ShardFormat::LitData)) => {
+            let json = read_index(location)?;
+            return open_litdata(location, json, allow_unsafe_types);
+        }
         (None, forced) => match load_index(location, copies) {
             Ok((json, index, from_store)) => return Ok(Opened::Mds(json, index, from_store)),
             Err(StreamerError::NotFound { what }) if forced.is_none() => {
@@ -169,7 +234,19 @@ pub(crate) fn open_stream(
                 }
                 names
             }
-            Err(e) => return Err(refuse_litdata(location).unwrap_or(e)),
+            Err(e) if forced.is_none() => {
+                // Not an MDS index: a LitData one, or the MDS error.
+                let Ok(json) = read_index(location) else {
+                    return Err(e);
+                };
+                let litdata = serde_json::from_slice::<serde_json::Value>(&json)
+                    .is_ok_and(|v| v.get("chunks").is_some() && v.get("shards").is_none());
+                if !litdata {
+                    return Err(e);
+                }
+                return open_litdata(location, json, allow_unsafe_types);
+            }
+            Err(e) => return Err(e),
         },
     };
     if names.is_empty() {
@@ -180,19 +257,64 @@ pub(crate) fn open_stream(
     Ok(Opened::Wds(count_tars(location, &names, copies)?))
 }
 
-/// The error for an `index.json` that is LitData's, when it is.
-fn refuse_litdata(location: &Location) -> Option<StreamerError> {
-    let json = read_index(location).ok()?;
-    let value: serde_json::Value = serde_json::from_slice(&json).ok()?;
-    let litdata = value.get("chunks").is_some() && value.get("shards").is_none();
-    litdata.then(|| StreamerError::InvalidConfig {
-        setting: "remote",
-        reason: format!(
-            "{} is a LitData index (\"chunks\"): LitData datasets are not streamed yet; \
-             `shardstream convert` turns one into MDS",
-            location.url_of("index.json")
-        ),
-    })
+/// A LitData index, checked for what the engine reads: PyTree items in classic chunks, plain,
+/// zstd-compressed whole (`compression_level="chunk"`) or item by item (`"sample"`).
+fn open_litdata(location: &Location, json: Vec<u8>, allow_unsafe_types: bool) -> Result<Opened> {
+    let name = location.url_of("index.json");
+    let index = LitDataIndex::parse(&name, &json)?;
+    let refuse = |what: String| {
+        StreamerError::Format(shardstream_sharding::FormatError::Unsupported {
+            path: name.clone(),
+            what,
+        })
+    };
+    if index.encryption.is_some() {
+        return Err(refuse(
+            "encrypted LitData datasets; decrypt with litdata first".into(),
+        ));
+    }
+    if let Some(f) = &index.foreign_format {
+        return Err(refuse(format!(
+            "a LitData index over another format ({f:?})"
+        )));
+    }
+    let decoder = ItemDecoder::for_index(&index, allow_unsafe_types).ok_or_else(|| {
+        refuse(format!(
+            "streaming LitData items of the {:?} item loader with compression {:?} at level \
+             {:?}; `shardstream convert` turns the dataset into MDS",
+            index.item_loader, index.compression, index.compression_level
+        ))
+    })?;
+    Ok(Opened::LitData(
+        json,
+        Box::new(index),
+        Arc::new(LitFields { decoder }),
+    ))
+}
+
+/// The stored size of `rel`: its file's, or the object's (one HEAD).
+pub(crate) fn stored_size(location: &Location, rel: &str) -> Result<u64> {
+    if let Some(path) = location.local_path(rel)? {
+        return std::fs::metadata(&path)
+            .map(|m| m.len())
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::NotFound => StreamerError::NotFound {
+                    what: path.display().to_string(),
+                },
+                _ => StreamerError::Io {
+                    op: "stat",
+                    path,
+                    source,
+                },
+            });
+    }
+    runtime()?
+        .block_on(location.head(rel))
+        .map(|o| o.size)
+        .map_err(|e| match e {
+            StorageError::NotFound { url } => StreamerError::NotFound { what: url },
+            e => e.into(),
+        })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -12,10 +12,11 @@ use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
 
 use super::config::StreamingConfig;
-use super::format::{ShardSchema, TarShard};
+use super::format::{stored_size, LitFields, ShardSchema, TarShard};
 use crate::cache::{read_index_copy, remove_index_copy, save_index_copy, ExpectedHash};
 use crate::error::{Result, StreamerError};
 use crate::order::Weight;
+use shardstream_sharding::litdata::LitDataIndex;
 
 /// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
 #[derive(Debug)]
@@ -171,6 +172,84 @@ impl Loaded {
             });
             counts.push(tar.samples);
             self.first_sample = self.first_sample.saturating_add(tar.samples);
+        }
+        Ok(counts)
+    }
+}
+
+impl Loaded {
+    /// Adds a LitData stream from its index; returns its per-chunk sample counts. A chunk is
+    /// read as an MDS shard (the same layout); a whole-file zstd chunk is inflated into the
+    /// cache to the `chunk_bytes` its index records. Stored sizes come from the files (a stat,
+    /// or a HEAD per chunk when remote), not from the index.
+    pub(super) fn add_lit_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        index: &LitDataIndex,
+        fields: &Arc<LitFields>,
+    ) -> Result<Vec<u64>> {
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        let whole_zstd = index.whole_file_zstd();
+        let mut counts = Vec::with_capacity(index.chunks.len());
+        for chunk in &index.chunks {
+            // litdata reading a local dataset inflates `chunk-R-I.zstd.bin` in place into
+            // `chunk-R-I.bin` and deletes the compressed file: that copy is read instead.
+            let inflated = match &index.compression {
+                Some(c) if whole_zstd => Some(chunk.filename.replace(&format!(".{c}"), "")),
+                _ => None,
+            };
+            let inflated = inflated.filter(|rel| {
+                let local = |r: &str| location.local_path(r).ok().flatten();
+                local(&chunk.filename).is_some_and(|p| !p.exists())
+                    && local(rel).is_some_and(|p| p.is_file())
+            });
+            let whole_zstd = whole_zstd && inflated.is_none();
+            let rel = inflated.as_ref().unwrap_or(&chunk.filename);
+            let stored = stored_size(location, rel)?;
+            let raw = match (whole_zstd, chunk.chunk_bytes) {
+                (false, _) => stored,
+                (true, Some(bytes)) => bytes,
+                (true, None) => {
+                    return Err(StreamerError::Format(
+                        shardstream_sharding::FormatError::invalid_index(
+                            location.url_of("index.json"),
+                            format!("compressed chunk {rel} has no chunk_bytes"),
+                        ),
+                    ))
+                }
+            };
+            let local = location.local_path(rel)?;
+            let name: Arc<str> = match &local {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(rel)),
+            };
+            let cached = match (in_place, whole_zstd) {
+                (true, false) => 0,
+                (true, true) => raw,
+                (false, true) => raw.saturating_add(stored),
+                (false, false) => raw,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: rel.clone(),
+                stored_size: stored,
+                stored_hash: None,
+                algorithm: whole_zstd.then_some(Algorithm::Zstd),
+                raw_size: raw,
+                raw_hash: None,
+                local_raw: local.clone().filter(|_| in_place && !whole_zstd),
+                local_stored: local.filter(|_| in_place),
+                samples: chunk.chunk_size,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                schema: ShardSchema::LitData(Arc::clone(fields)),
+            });
+            counts.push(chunk.chunk_size);
+            self.first_sample = self.first_sample.saturating_add(chunk.chunk_size);
         }
         Ok(counts)
     }

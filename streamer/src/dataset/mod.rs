@@ -56,7 +56,7 @@ use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, StreamShape, Weight};
 
 pub use fetch::{PART_BYTES, WRITE_BYTES};
-pub use format::{SampleSchema, ShardFormat, WdsFields};
+pub use format::{LitFields, SampleSchema, ShardFormat, WdsFields};
 pub use metrics::{node_metrics, MetricsSnapshot, METRICS_DIR};
 pub use prefetch::{Prefetch, PrefetchReport};
 pub(crate) use proc::hold_proc_slots;
@@ -190,24 +190,41 @@ impl StreamingDataset {
         // of the decompressed shards of the old one (hashed only for such a dataset).
         let mut indexes_hash = STABLE_HASH_START;
         for (i, (location, weight, tars)) in opened.into_iter().enumerate() {
-            let (json, index, from_store) =
-                match format::open_stream(&location, tars, config.format, copies)? {
-                    format::Opened::Mds(json, index, from_store) => (json, index, from_store),
-                    format::Opened::Wds(tars) => {
-                        // What the stream is: its tars' names, sizes and counts.
-                        let json = serde_json::to_vec(&tars).unwrap_or_default();
-                        if local_only {
-                            indexes_hash = stable_hash_from(indexes_hash, &json);
-                        }
-                        let counts = loaded.add_wds_stream(&config, &location, i, &tars)?;
-                        if i == 0 {
-                            index_json = json;
-                        }
-                        shapes.push((StreamShape::new(counts)?, weight));
-                        locations.push(location);
-                        continue;
+            let (json, index, from_store) = match format::open_stream(
+                &location,
+                tars,
+                config.format,
+                copies,
+                config.allow_unsafe_types,
+            )? {
+                format::Opened::Mds(json, index, from_store) => (json, index, from_store),
+                format::Opened::LitData(json, index, fields) => {
+                    if local_only {
+                        indexes_hash = stable_hash_from(indexes_hash, &json);
                     }
-                };
+                    let counts = loaded.add_lit_stream(&config, &location, i, &index, &fields)?;
+                    if i == 0 {
+                        index_json = json;
+                    }
+                    shapes.push((StreamShape::new(counts)?, weight));
+                    locations.push(location);
+                    continue;
+                }
+                format::Opened::Wds(tars) => {
+                    // What the stream is: its tars' names, sizes and counts.
+                    let json = serde_json::to_vec(&tars).unwrap_or_default();
+                    if local_only {
+                        indexes_hash = stable_hash_from(indexes_hash, &json);
+                    }
+                    let counts = loaded.add_wds_stream(&config, &location, i, &tars)?;
+                    if i == 0 {
+                        index_json = json;
+                    }
+                    shapes.push((StreamShape::new(counts)?, weight));
+                    locations.push(location);
+                    continue;
+                }
+            };
             if local_only {
                 indexes_hash = stable_hash_from(indexes_hash, &json);
             }

@@ -17,7 +17,7 @@ use shardstream_sharding::mds::Columns;
 use shardstream_sharding::value::Value;
 use shardstream_sharding::Sample;
 
-use super::format::{locate_all, SampleSchema, ShardSchema, WdsTable};
+use super::format::{locate_all, LitFields, SampleSchema, ShardSchema, WdsTable};
 
 use super::growing::{Growing, Landing};
 use crate::buffers::{PooledBuffer, ReadAlloc};
@@ -59,6 +59,11 @@ enum Layout {
     Mds {
         offsets: Vec<u32>,
         columns: Arc<Columns>,
+    },
+    /// LitData: the same header and offset table; each item's leaves.
+    LitData {
+        offsets: Vec<u32>,
+        fields: Arc<LitFields>,
     },
     /// A tar: each sample's members, located when the shard was opened.
     Wds(WdsTable),
@@ -173,7 +178,9 @@ impl ShardHandle {
     /// Samples in the shard.
     pub fn num_samples(&self) -> u64 {
         match &self.inner.layout {
-            Layout::Mds { offsets, .. } => (offsets.len() - 1) as u64,
+            Layout::Mds { offsets, .. } | Layout::LitData { offsets, .. } => {
+                (offsets.len() - 1) as u64
+            }
             Layout::Wds(table) => table.len(),
         }
     }
@@ -202,7 +209,9 @@ impl ShardHandle {
         }
         let i = i as usize;
         Ok(match &self.inner.layout {
-            Layout::Mds { offsets, .. } => u64::from(offsets[i])..u64::from(offsets[i + 1]),
+            Layout::Mds { offsets, .. } | Layout::LitData { offsets, .. } => {
+                u64::from(offsets[i])..u64::from(offsets[i + 1])
+            }
             Layout::Wds(table) => table.span(i),
         })
     }
@@ -293,6 +302,13 @@ impl ShardHandle {
                 }
                 (cols, SampleSchema::Mds(Arc::clone(columns)), None)
             }
+            Layout::LitData { fields, .. } => {
+                let mut cols = fields.split(&self.inner.name, i, bytes)?;
+                for col in &mut cols {
+                    *col = col.start + range.start..col.end + range.start;
+                }
+                (cols, SampleSchema::LitData(Arc::clone(fields)), None)
+            }
             Layout::Wds(table) => {
                 let at = i as usize;
                 let base = table.span(at).start;
@@ -365,7 +381,8 @@ impl Opened {
             reason,
         };
         let columns = match schema {
-            ShardSchema::Mds(columns) => columns,
+            ShardSchema::Mds(columns) => Ok(columns),
+            ShardSchema::LitData(fields) => Err(fields),
             ShardSchema::Wds => {
                 // A tar's samples are found by reading its member headers: the whole file.
                 wait(len)?;
@@ -441,7 +458,10 @@ impl Opened {
                 name,
                 file,
                 len,
-                layout: Layout::Mds { offsets, columns },
+                layout: match columns {
+                    Ok(columns) => Layout::Mds { offsets, columns },
+                    Err(fields) => Layout::LitData { offsets, fields },
+                },
                 first_sample,
                 path,
                 pin: Some(pin),
@@ -547,6 +567,12 @@ impl RawSample {
                     sample.insert(name.clone(), Value::Bytes(col.to_vec()));
                 }
                 Ok(sample)
+            }
+            SampleSchema::LitData(fields) => {
+                let values = fields
+                    .decoder
+                    .decode(&self.name, self.in_shard, self.bytes())?;
+                Ok(fields.decoder.columns.iter().cloned().zip(values).collect())
             }
         }
     }
