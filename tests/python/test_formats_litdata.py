@@ -132,3 +132,20 @@ def test_mds_wds_and_litdata_streams_mix(stream_env, tmp_path):
     assert sorted(s["cls"] for s in from_wds) == list(range(12))
     assert all(s["txt"] == f"t{s['cls']}" for s in from_wds)
     _check(from_lit, _peer(lit))
+
+
+def test_litdata_on_the_s3_server(stream_env, moto, monkeypatch, tmp_path):
+    import boto3
+
+    root = _write(tmp_path / "lit", compression="zstd", compression_level="chunk")
+    files = sorted(os.listdir(root))
+    for k, v in moto.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = moto.create_bucket("lit-chunks")
+    s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id="testing",
+                      aws_secret_access_key="testing", region_name="us-east-1")
+    for f in files:
+        s3.upload_file(os.path.join(root, f), bucket[len("s3://"):], f"d/{f}")
+    ds = shardstream.StreamingDataset(remote=f"{bucket}/d", shuffle=True, batch_size=BATCH)
+    got = _epoch(ds)
+    _check(got, _peer(root))
