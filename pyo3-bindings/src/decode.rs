@@ -251,7 +251,7 @@ impl Decoder {
         let dict = PyDict::new(py);
         // Another stream's columns: their names are made for this sample.
         let own: Vec<Py<PyString>>;
-        let (py_names, encodings) =
+        let (py_names, encodings): (&[Py<PyString>], &[Encoding]) =
             if columns.names() == self.names.as_slice() && columns.encodings() == self.encodings {
                 (&self.py_names, &self.encodings)
             } else {
@@ -260,7 +260,7 @@ impl Decoder {
                     .iter()
                     .map(|n| PyString::intern(py, n).unbind())
                     .collect();
-                (&own, &columns.encodings().to_vec())
+                (&own, columns.encodings())
             };
         for ((name, enc), column) in py_names.iter().zip(encodings).zip(sample.columns) {
             let object = match column {
