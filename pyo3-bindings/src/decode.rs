@@ -9,9 +9,18 @@
 //! `PIL.Image.open(BytesIO(..))` for `jpeg`/`png`, lists of those, `np.frombuffer(..).reshape`
 //! for `ndarray`, `pickle.loads` for `pkl` (only with `allow_unsafe_types`).
 //!
+//! A WebDataset sample decodes as `webdataset`'s `.decode()` does (`shardstream._wds`):
+//! `__key__`, `__url__`, then each member by its extension.
+//!
+//! Each sample decodes by its own shard's schema ([`RawSample::schema`]), so that streams with
+//! different columns (or formats) mix: the dataset's first schema has its names interned once,
+//! another one's are made per sample.
+//!
 //! `bytes`, `json` and `pkl` columns need no parsing: they stay in the sample's read buffer
 //! until Python takes them, and a decoder made with `zero_copy` hands `bytes` columns over as a
 //! [`Buffer`] into that read instead of copying them into a `bytes` object.
+
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -20,6 +29,7 @@ use shardstream_sharding::mds::Encoding;
 use shardstream_sharding::value::{DType, NdArray, PilImage, Scalar, Value};
 use shardstream_sharding::FormatError;
 use shardstream_streamer::RawSample;
+use shardstream_streamer::SampleSchema;
 
 use crate::buffer::Buffer;
 
@@ -35,6 +45,7 @@ enum Column {
 /// (a shared read buffer, no copy) only when a column is kept as stored: otherwise its read is
 /// let go at once, so that the engine can reuse it.
 pub struct ParsedSample {
+    schema: SampleSchema,
     columns: Vec<Column>,
     raw: Option<RawSample>,
     stored_bytes: usize,
@@ -52,11 +63,32 @@ impl ParsedSample {
 /// bytes need no work. `path` names the sample's shard in errors (called only on an error: a
 /// sample on the hot path allocates no name).
 pub fn parse_sample(
-    encodings: &[Encoding],
-    names: &[String],
     raw: RawSample,
     path: impl Fn() -> String,
 ) -> Result<ParsedSample, FormatError> {
+    let columns = match raw.schema() {
+        SampleSchema::Mds(columns) => Arc::clone(columns),
+        SampleSchema::LitData(fields) => {
+            let values = fields
+                .decoder
+                .decode(&path(), raw.index_in_shard(), raw.bytes())?;
+            return Ok(ParsedSample {
+                schema: raw.schema().clone(),
+                columns: values.into_iter().map(Column::Value).collect(),
+                stored_bytes: raw.bytes().len(),
+                raw: None,
+            });
+        }
+        SampleSchema::Wds(_) => {
+            return Ok(ParsedSample {
+                schema: raw.schema().clone(),
+                columns: (0..raw.num_columns()).map(Column::Stored).collect(),
+                stored_bytes: raw.bytes().len(),
+                raw: Some(raw),
+            })
+        }
+    };
+    let (encodings, names) = (columns.encodings(), columns.names());
     let sample = raw.index_in_shard();
     if raw.num_columns() != encodings.len() {
         return Err(FormatError::corrupt(
@@ -90,6 +122,7 @@ pub fn parse_sample(
     }
     let keep = values.iter().any(|c| matches!(c, Column::Stored(_)));
     Ok(ParsedSample {
+        schema: SampleSchema::Mds(columns),
         columns: values,
         stored_bytes: raw.bytes().len(),
         raw: keep.then_some(raw),
@@ -103,6 +136,7 @@ struct Imports {
     json_loads: Py<PyAny>,
     pickle_loads: Py<PyAny>,
     bytes_io: Py<PyAny>,
+    int: Py<PyAny>,
 }
 
 /// `PIL.Image.open` and `PIL.Image.frombytes`, imported on the first image column: importing
@@ -134,6 +168,7 @@ fn imports(py: Python<'_>) -> PyResult<&Imports> {
             json_loads: py.import("json")?.getattr("loads")?.unbind(),
             pickle_loads: py.import("pickle")?.getattr("loads")?.unbind(),
             bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
+            int: py.get_type::<pyo3::types::PyInt>().into_any().unbind(),
         })
     })
 }
@@ -159,6 +194,7 @@ pub struct Decoder {
     encodings: Vec<Encoding>,
     py_names: Vec<Py<PyString>>,
     zero_copy: bool,
+    allow_unsafe: bool,
 }
 
 impl Decoder {
@@ -169,6 +205,7 @@ impl Decoder {
         names: Vec<String>,
         encodings: Vec<Encoding>,
         zero_copy: bool,
+        allow_unsafe: bool,
     ) -> Self {
         let py_names = names
             .iter()
@@ -179,6 +216,7 @@ impl Decoder {
             encodings,
             py_names,
             zero_copy,
+            allow_unsafe,
         }
     }
 
@@ -202,13 +240,29 @@ impl Decoder {
             crate::allocator::prime_for(sample.stored_bytes);
         }
         let imports = imports(py)?;
+        let columns = match &sample.schema {
+            SampleSchema::Wds(fields) => return self.wds_to_python(py, imports, fields, &sample),
+            SampleSchema::LitData(fields) => {
+                let fields = Arc::clone(fields);
+                return lit_to_python(py, imports, &fields, sample);
+            }
+            SampleSchema::Mds(columns) => Arc::clone(columns),
+        };
         let dict = PyDict::new(py);
-        for ((name, enc), column) in self
-            .py_names
-            .iter()
-            .zip(&self.encodings)
-            .zip(sample.columns)
-        {
+        // Another stream's columns: their names are made for this sample.
+        let own: Vec<Py<PyString>>;
+        let (py_names, encodings): (&[Py<PyString>], &[Encoding]) =
+            if columns.names() == self.names.as_slice() && columns.encodings() == self.encodings {
+                (&self.py_names, &self.encodings)
+            } else {
+                own = columns
+                    .names()
+                    .iter()
+                    .map(|n| PyString::intern(py, n).unbind())
+                    .collect();
+                (&own, columns.encodings())
+            };
+        for ((name, enc), column) in py_names.iter().zip(encodings).zip(sample.columns) {
             let object = match column {
                 Column::Value(value) => value_to_python(py, imports, enc, value)?,
                 Column::Stored(i) => {
@@ -228,6 +282,116 @@ impl Decoder {
             dict.set_item(name.bind(py), object)?;
         }
         Ok(dict)
+    }
+}
+
+impl Decoder {
+    /// A WebDataset sample as `webdataset`'s `.decode()` gives it: `__key__`, `__url__`, then
+    /// each member by its extension (text, integers and JSON here; the rest through
+    /// `shardstream._wds.decode_field`; a member no decoder claims stays `bytes`).
+    fn wds_to_python<'py>(
+        &self,
+        py: Python<'py>,
+        imports: &Imports,
+        fields: &shardstream_streamer::WdsFields,
+        sample: &ParsedSample,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        let Some(raw) = sample.raw.as_ref() else {
+            return Ok(dict);
+        };
+        dict.set_item("__key__", raw.key().unwrap_or_default())?;
+        dict.set_item("__url__", &*fields.url)?;
+        for (i, name) in fields.names.iter().enumerate() {
+            let data = raw.column(i).unwrap_or(&[]);
+            let object = match wds_kind(name) {
+                WdsKind::Text => PyString::new(
+                    py,
+                    std::str::from_utf8(data).map_err(|e| {
+                        pyo3::exceptions::PyValueError::new_err(format!(
+                            "field {name:?} of sample {:?} is not UTF-8: {e}",
+                            raw.key().unwrap_or_default()
+                        ))
+                    })?,
+                )
+                .into_any(),
+                WdsKind::Int => imports.int.bind(py).call1((PyBytes::new(py, data),))?,
+                WdsKind::Json => imports
+                    .json_loads
+                    .bind(py)
+                    .call1((PyBytes::new(py, data),))?,
+                WdsKind::Bytes => PyBytes::new(py, data).into_any(),
+                WdsKind::Python => WDS_DECODE
+                    .import(py, "shardstream._wds", "decode_field")?
+                    .call1((name.clone(), PyBytes::new(py, data), self.allow_unsafe))?,
+            };
+            dict.set_item(name, object)?;
+        }
+        Ok(dict)
+    }
+}
+
+/// A LitData item as litdata's `StreamingDataset` gives a flat dict item: each leaf by its
+/// serializer (`tensor` leaves as torch tensors, `numpy` as arrays, `pil` as images, `int`,
+/// `float`, `bool`, `str`, `bytes` as themselves).
+fn lit_to_python<'py>(
+    py: Python<'py>,
+    imports: &Imports,
+    fields: &shardstream_streamer::LitFields,
+    sample: ParsedSample,
+) -> PyResult<Bound<'py, PyDict>> {
+    use shardstream_sharding::litdata::LeafFormat;
+    let dict = PyDict::new(py);
+    let decoder = &fields.decoder;
+    for ((name, format), column) in decoder
+        .columns
+        .iter()
+        .zip(&decoder.formats)
+        .zip(sample.columns)
+    {
+        let Column::Value(value) = column else {
+            continue;
+        };
+        let mut object = value_to_python(py, imports, &Encoding::Bytes, value)?;
+        if matches!(format, LeafFormat::Tensor | LeafFormat::NoHeaderTensor(_)) {
+            let from_numpy = TORCH_FROM_NUMPY.import(py, "torch", "from_numpy")?;
+            object = from_numpy.call1((object.call_method0("copy")?,))?;
+        }
+        dict.set_item(name, object)?;
+    }
+    Ok(dict)
+}
+
+/// `torch.from_numpy`, imported on the first tensor leaf.
+static TORCH_FROM_NUMPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `shardstream._wds.decode_field`, imported on the first member that needs it.
+static WDS_DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// How a WebDataset member decodes, from its extension (`shardstream._wds` says the rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WdsKind {
+    Text,
+    Int,
+    Json,
+    Bytes,
+    /// Decoded by `shardstream._wds.decode_field` (`.gz`, pickles, numpy, torch and others).
+    Python,
+}
+
+fn wds_kind(name: &str) -> WdsKind {
+    if name.ends_with(".gz") || name == "gz" {
+        return WdsKind::Python;
+    }
+    let ext = name.rsplit('.').next().unwrap_or(name);
+    match ext {
+        "txt" | "text" | "transcript" => WdsKind::Text,
+        "cls" | "cls2" | "index" | "inx" | "id" => WdsKind::Int,
+        "json" | "jsn" => WdsKind::Json,
+        "pkl" | "pickle" | "pyd" | "pth" | "npy" | "npz" | "ten" | "tb" | "mp" | "msg" | "cbor" => {
+            WdsKind::Python
+        }
+        _ => WdsKind::Bytes,
     }
 }
 

@@ -52,9 +52,9 @@ pub mod runtime;
 pub mod settings;
 
 pub use dataset::{
-    DeferredSample, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleStream,
-    ShardHandle, StreamItem, StreamPlan, StreamSpec, StreamedSample, StreamingConfig,
-    StreamingDataset,
+    DeferredSample, LitFields, MetricsSnapshot, Prefetch, PrefetchReport, RawSample, SampleSchema,
+    SampleStream, ShardFormat, ShardHandle, StreamItem, StreamPlan, StreamSpec, StreamedSample,
+    StreamingConfig, StreamingDataset, WdsFields,
 };
 pub use error::{Result, StreamerError};
 pub use memory::MemoryPlan;

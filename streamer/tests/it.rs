@@ -18,5 +18,7 @@ mod dataset_multiprocess;
 mod dataset_prefetch;
 mod dataset_random_access;
 mod dataset_stream;
+mod formats_litdata;
+mod formats_wds;
 mod order_contract;
 mod storm;

@@ -82,6 +82,7 @@ impl OpenConfig {
             validate_hash: self.validate_hash,
             allow_unsafe_types: self.allow_unsafe_types,
             sampling,
+            format: None,
         };
         let specs = self
             .streams

@@ -71,6 +71,7 @@ impl NativeDataset {
             streams,
             epoch_size,
         } = config.into_opening(Some(plan.engine))?;
+        let allow_unsafe = config.allow_unsafe_types;
         let ds = blocking::run(py, move || match streams {
             Some(specs) => StreamingDataset::open_streams(config, specs, epoch_size),
             None => StreamingDataset::open(config),
@@ -82,7 +83,7 @@ impl NativeDataset {
             names.push(name.clone());
             encodings.push(Encoding::parse(enc).map_err(from_format)?);
         }
-        let decoder = Arc::new(Decoder::new(py, names, encodings, zero_copy));
+        let decoder = Arc::new(Decoder::new(py, names, encodings, zero_copy, allow_unsafe));
         // Python holds the previous batch while the next one is gathered, so one kept buffer
         // per column is what a steady loop reuses; the plan's batch pool bounds them.
         let pool_bytes = usize::try_from(plan.batch_pool).unwrap_or(usize::MAX);
@@ -159,19 +160,18 @@ impl NativeDataset {
         }
         // The shard open already and the sample on disk: read and parse it here with the GIL
         // released, without the helper thread (a thread per call cost more than the read).
-        let (decoder, ds) = (&self.decoder, &self.ds);
+        let ds = &self.ds;
         let now = py.detach(|| {
             ds.sample_now(index as u64)
-                .map(|raw| parse_raw(decoder, raw, ds).map_err(from_format))
+                .map(|raw| parse_raw(raw, ds).map_err(from_format))
         });
         if let Some(parsed) = now {
             return self.decoder.to_python(py, parsed?);
         }
-        let decoder = Arc::clone(&self.decoder);
         let ds = Arc::clone(&self.ds);
         let parsed = blocking::run(py, move || -> PyResult<ParsedSample> {
             let raw = ds.sample(index as u64).map_err(from_streamer)?;
-            parse_raw(&decoder, raw, &ds).map_err(from_format)
+            parse_raw(raw, &ds).map_err(from_format)
         })??;
         self.decoder.to_python(py, parsed)
     }

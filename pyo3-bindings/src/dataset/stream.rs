@@ -25,6 +25,7 @@ use crate::arena;
 use crate::blocking;
 use crate::decode::{parse_sample, Decoder, ParsedSample};
 use crate::errors::{from_format, from_streamer};
+use shardstream_streamer::SampleSchema;
 
 /// Most samples the reader thread hands over at once.
 const MAX_CHUNK: usize = 64;
@@ -46,7 +47,6 @@ const DEFER_MIN_BYTES: u64 = 512 << 10;
 
 /// Parses a sample's columns; errors name its shard file (URL or path).
 pub(super) fn parse_raw(
-    decoder: &Decoder,
     raw: RawSample,
     ds: &StreamingDataset,
 ) -> Result<ParsedSample, FormatError> {
@@ -55,7 +55,7 @@ pub(super) fn parse_raw(
         ds.shard_name(shard)
             .map_or_else(|| format!("shard {shard}"), str::to_string)
     };
-    parse_sample(decoder.encodings(), decoder.names(), raw, name)
+    parse_sample(raw, name)
 }
 
 enum Item {
@@ -107,7 +107,6 @@ impl NativeStream {
         let (tx, rx) = sync_channel::<Chunk>(CHANNEL_CHUNKS);
         let wanted = Arc::new(AtomicBool::new(false));
         let reader_wanted = Arc::clone(&wanted);
-        let reader_decoder = Arc::clone(&decoder);
         let reader_ds = Arc::clone(&ds);
         std::thread::Builder::new()
             .name("shardstream-reader".into())
@@ -140,7 +139,7 @@ impl NativeStream {
                                 Ok(Item::Raw(s.sample))
                             } else {
                                 let index = s.sample.index();
-                                parse_raw(&reader_decoder, s.sample, &reader_ds)
+                                parse_raw(s.sample, &reader_ds)
                                     .map(|parsed| Item::Parsed(index, parsed))
                                     .map_err(|e| from_streamer(e.into()))
                             }
@@ -313,7 +312,7 @@ impl NativeStream {
                 Item::Parsed(index, p) => (index, p),
                 Item::Raw(raw) => {
                     let index = raw.index();
-                    let parsed = parse_raw(&self.decoder, raw, &self.ds).map_err(from_format)?;
+                    let parsed = parse_raw(raw, &self.ds).map_err(from_format)?;
                     (index, parsed)
                 }
                 // Read first in the next call: the samples made so far reach Python even if
@@ -326,10 +325,9 @@ impl NativeStream {
                     break;
                 }
                 Item::Deferred(d) => {
-                    let (index, decoder, ds) = (d.index, &self.decoder, &self.ds);
-                    let parsed = self.read_deferred(py, d, |raw| {
-                        parse_raw(decoder, raw, ds).map_err(from_format)
-                    })?;
+                    let (index, ds) = (d.index, &self.ds);
+                    let parsed =
+                        self.read_deferred(py, d, |raw| parse_raw(raw, ds).map_err(from_format))?;
                     (index, parsed)
                 }
             };
@@ -396,6 +394,19 @@ impl NativeStream {
                     )),
                 })
                 .collect::<PyResult<_>>()?;
+            // Column batches lay each column out by its place in the dataset's first schema: a
+            // sample of a stream with other columns (or a WebDataset sample) cannot join them.
+            if let Some(other) = raws
+                .iter()
+                .find(|r| r.column_names() != names || !matches!(r.schema(), SampleSchema::Mds(_)))
+            {
+                return Err(PyValueError::new_err(format!(
+                    "column batches need every stream to have the first one's MDS columns \
+                     {names:?}; a sample of {} has {:?}: iterate samples instead",
+                    self.ds.shard_name(other.shard()).unwrap_or("a shard"),
+                    other.column_names()
+                )));
+            }
             let first = count == 0;
             count += raws.len();
             py.detach(|| {

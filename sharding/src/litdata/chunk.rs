@@ -396,42 +396,20 @@ impl LitDataChunk {
                 sample.insert(self.columns[0].clone(), value);
             }
             Items::PyTree { formats, names } => {
-                let header = 4 * formats.len();
-                if bytes.len() < header {
-                    return Err(self.item_error(
-                        i,
-                        format!(
-                            "{} bytes cannot hold the sizes of {} leaves",
-                            bytes.len(),
-                            formats.len()
-                        ),
-                    ));
-                }
-                let mut pos = header;
-                for (leaf, format) in formats.iter().enumerate() {
-                    let size = u32_at(&bytes, 4 * leaf).unwrap_or(0) as usize;
-                    let Some(leaf_bytes) =
-                        pos.checked_add(size).and_then(|end| bytes.get(pos..end))
-                    else {
-                        return Err(self.item_error(
-                            i,
-                            format!(
-                                "leaf {leaf} ({}) of {size} bytes runs past the item's {} bytes",
-                                self.columns[leaf],
-                                bytes.len()
-                            ),
-                        ));
-                    };
-                    let value = decode_leaf(format, leaf_bytes, self.options.allow_unsafe_types)
-                        .map_err(|e| self.leaf_error(i, leaf, &names[leaf], e))?;
-                    sample.insert(self.columns[leaf].clone(), value);
-                    pos += size;
-                }
-                if pos != bytes.len() {
-                    return Err(self.item_error(
-                        i,
-                        format!("{} bytes after the last leaf", bytes.len() - pos),
-                    ));
+                let decoder = ItemDecoder {
+                    formats: formats.clone(),
+                    names: names.clone(),
+                    columns: self.columns.clone(),
+                    per_item_zstd: false,
+                    allow_unsafe_types: self.options.allow_unsafe_types,
+                    max_inflated_size: self.options.max_inflated_size,
+                };
+                for (name, value) in self
+                    .columns
+                    .iter()
+                    .zip(decoder.decode(&self.path, i as u64, &bytes)?)
+                {
+                    sample.insert(name.clone(), value);
                 }
             }
         }
@@ -441,10 +419,6 @@ impl LitDataChunk {
     /// Every sample, in order.
     pub fn samples(&self) -> impl Iterator<Item = Result<Sample>> + '_ {
         (0..self.len()).map(|i| self.sample(i))
-    }
-
-    fn item_error(&self, i: usize, reason: String) -> FormatError {
-        self.corrupt(format!("item {i}: {reason}"))
     }
 
     fn leaf_error(&self, i: usize, leaf: usize, encoding: &str, e: LeafError) -> FormatError {
@@ -559,5 +533,113 @@ mod tests {
         let packed = zstd::encode_all(raw.as_slice(), 3).unwrap();
         let chunk = LitDataChunk::parse(&index, 0, packed, &LitDataOptions::default()).unwrap();
         assert_eq!(chunk.len(), 1);
+    }
+}
+
+/// Decodes the items of a PyTree chunk one at a time, from their bytes as the chunk holds them
+/// (a zstd frame each when `per_item_zstd`): the sizes of the leaves, then the leaves, each by
+/// its serializer. What the streamer uses on an item it read from a chunk file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemDecoder {
+    /// One serializer per leaf.
+    pub formats: Vec<LeafFormat>,
+    /// The `data_format` entries, to name a leaf's format in errors.
+    pub names: Vec<String>,
+    /// One column name per leaf.
+    pub columns: Vec<String>,
+    /// Items are zstd frames (`compression_level="sample"`).
+    pub per_item_zstd: bool,
+    /// Decode `pickle` leaves (as raw bytes) instead of refusing them.
+    pub allow_unsafe_types: bool,
+    /// Most bytes an item inflates to.
+    pub max_inflated_size: u64,
+}
+
+impl ItemDecoder {
+    /// The decoder of `index`'s items; `None` when its items are not PyTree items in a classic
+    /// or per-item zstd chunk (tokens, framed `batch` chunks, other loaders).
+    pub fn for_index(index: &LitDataIndex, allow_unsafe_types: bool) -> Option<ItemDecoder> {
+        if index.item_loader != ItemLoader::PyTree
+            || (index.compression.is_some() && index.compression_level == CompressionLevel::Batch)
+        {
+            return None;
+        }
+        Some(ItemDecoder {
+            formats: index.leaf_formats.clone(),
+            names: index.data_format.clone(),
+            columns: index.columns.clone(),
+            per_item_zstd: index.compression.is_some()
+                && index.compression_level == CompressionLevel::Sample,
+            allow_unsafe_types,
+            max_inflated_size: LitDataOptions::default().max_inflated_size,
+        })
+    }
+
+    /// Item `i` of chunk `path`, one value per leaf (in [`ItemDecoder::columns`] order).
+    pub fn decode(&self, path: &str, i: u64, item: &[u8]) -> Result<Vec<crate::Value>> {
+        let inflated;
+        let bytes = if self.per_item_zstd {
+            inflated = inflate(item, self.max_inflated_size).map_err(|reason| {
+                FormatError::Decompress {
+                    path: format!("{path} (item {i})"),
+                    algorithm: "zstd".into(),
+                    reason,
+                }
+            })?;
+            &inflated[..]
+        } else {
+            item
+        };
+        let item_error =
+            |reason: String| FormatError::corrupt(path.to_string(), format!("item {i}: {reason}"));
+        let header = 4 * self.formats.len();
+        if bytes.len() < header {
+            return Err(item_error(format!(
+                "{} bytes cannot hold the sizes of {} leaves",
+                bytes.len(),
+                self.formats.len()
+            )));
+        }
+        let mut values = Vec::with_capacity(self.formats.len());
+        let mut pos = header;
+        for (leaf, format) in self.formats.iter().enumerate() {
+            let size = u32_at(bytes, 4 * leaf).unwrap_or(0) as usize;
+            let column = self.columns.get(leaf).cloned().unwrap_or_default();
+            let Some(leaf_bytes) = pos.checked_add(size).and_then(|end| bytes.get(pos..end)) else {
+                return Err(item_error(format!(
+                    "leaf {leaf} ({column}) of {size} bytes runs past the item's {} bytes",
+                    bytes.len()
+                )));
+            };
+            let encoding = self.names.get(leaf).map_or("", String::as_str);
+            let value =
+                decode_leaf(format, leaf_bytes, self.allow_unsafe_types).map_err(|e| match e {
+                    LeafError::Bad(reason) => FormatError::Decode {
+                        path: path.to_string(),
+                        sample: i,
+                        column: column.clone(),
+                        encoding: encoding.to_string(),
+                        reason,
+                    },
+                    LeafError::Unsupported(what) => FormatError::Unsupported {
+                        path: path.to_string(),
+                        what: format!("column {column:?} ({encoding}): {what}"),
+                    },
+                    LeafError::Unsafe => FormatError::UnsafeEncoding {
+                        path: path.to_string(),
+                        column: column.clone(),
+                        encoding: encoding.to_string(),
+                    },
+                })?;
+            values.push(value);
+            pos += size;
+        }
+        if pos != bytes.len() {
+            return Err(item_error(format!(
+                "{} bytes after the last leaf",
+                bytes.len() - pos
+            )));
+        }
+        Ok(values)
     }
 }

@@ -55,7 +55,7 @@ mod serializers;
 
 use std::path::{Path, PathBuf};
 
-pub use chunk::{LitDataChunk, LitDataOptions};
+pub use chunk::{ItemDecoder, LitDataChunk, LitDataOptions};
 pub use index::{ChunkInfo, CompressionLevel, ItemLoader, LitDataIndex, TreeSpec};
 pub use serializers::LeafFormat;
 

@@ -8,6 +8,8 @@
 //!   Non-regular members and `__*__` metadata are skipped; a repeated extension within a sample is an
 //!   error. Gzip, bzip2 and zstd compressed shards are detected from their first bytes; members
 //!   ending in `.gz` can be inflated ([`WdsReadOptions::gunzip_members`]).
+//! - [`locate_samples`]: the same grouping over member headers only, giving each field's byte
+//!   range in the tar (how the streamer reads a tar shard in place).
 //! - [`TarWriter`] and [`ShardWriter`]: members `key.ext` in sorted extension order, mode `0o444`,
 //!   owner `bigdata`, a fixed mtime ([`DEFAULT_MTIME`]) so output is reproducible; shards split on
 //!   `maxcount` / `maxsize` and written atomically to a folder ([`DirSink`]) or any [`ShardSink`].
@@ -41,11 +43,13 @@
 //! ```
 
 mod braces;
+mod locate;
 mod reader;
 mod tar_read;
 mod writer;
 
 pub use braces::{braceexpand, expand_urls, expand_urls_with, MAX_EXPANDED_URLS};
+pub use locate::{locate_samples, LocatedSample};
 pub use reader::{base_plus_ext, WdsReadOptions, WdsReader, WdsSample, DEFAULT_MAX_MEMBER_SIZE};
 pub use tar_read::MAX_EXTENSION_SIZE;
 pub use writer::{

@@ -315,7 +315,7 @@ impl<R: Read> Iterator for WdsReader<R> {
 
 /// WebDataset's metadata members, skipped: a root-level `__*__` file, or anything under a first
 /// component `__*__` (`tar_file_iterator`'s `skip_meta`).
-fn is_metadata(name: &str) -> bool {
+pub(crate) fn is_metadata(name: &str) -> bool {
     let first = name.split('/').next().unwrap_or(name);
     let root_level = !name.contains('/') && name.starts_with("__") && name.ends_with("__");
     let meta_dir = first.len() >= 4 && first.starts_with("__") && first.ends_with("__");
@@ -324,7 +324,7 @@ fn is_metadata(name: &str) -> bool {
 
 /// Refuses names that would escape a folder if the sample were written out as files. A leading
 /// `./` (what `tar -cf x.tar .` writes) is allowed and kept in the key, as WebDataset keeps it.
-fn check_member_name(url: &str, name: &str) -> Result<()> {
+pub(crate) fn check_member_name(url: &str, name: &str) -> Result<()> {
     let mut rest = name;
     while let Some(r) = rest.strip_prefix("./") {
         rest = r;

@@ -59,6 +59,16 @@ impl<R: Read> TarStream<R> {
         }
     }
 
+    /// The reader underneath (for a position counted by a wrapper).
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// Bytes of data the current member holds (0 before the first member).
+    pub fn data_len(&self) -> u64 {
+        self.data_left
+    }
+
     fn err(&self, reason: impl Into<String>) -> FormatError {
         FormatError::Tar {
             path: self.path.clone(),

@@ -48,6 +48,10 @@ pub struct StreamingConfig {
     /// Which samples a stream whose epoch share is not a whole number of passes keeps: a fresh
     /// subset each epoch (Mosaic's default `sampling_method="balanced"`) or the same one.
     pub sampling: Sampling,
+    /// The shards' format; else found from what lies at `remote` (`dataset::format`): tar
+    /// names or a brace pattern in the URL, or a folder of tars without `index.json`, are
+    /// WebDataset; an `index.json` is MDS.
+    pub format: Option<super::ShardFormat>,
 }
 
 impl StreamingConfig {

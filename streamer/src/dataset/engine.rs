@@ -188,7 +188,7 @@ async fn try_open(
             }
         }
     };
-    let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
+    let (name, columns) = (src.name.clone(), src.schema.clone());
     let (samples, first) = (src.samples, src.first_sample);
     blocking(move || ShardHandle::open(shard, name, lease, columns, samples, first)).await
 }
@@ -227,7 +227,7 @@ pub(crate) fn open_now(ds: &Inner, ps: &ProcState, shard: usize) -> Option<Shard
             ps.cache.lookup(&spec).ok()??
         }
     };
-    let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
+    let (name, columns) = (src.name.clone(), src.schema.clone());
     ShardHandle::open(shard, name, lease, columns, src.samples, src.first_sample).ok()
 }
 
@@ -562,7 +562,7 @@ async fn open_growing(src: &ShardSource, shard: usize, job: InFlight) -> Result<
         path: job.tmp.clone(),
         source,
     })?;
-    let (name, columns) = (src.name.clone(), Arc::clone(&src.columns));
+    let (name, columns) = (src.name.clone(), src.schema.clone());
     let (samples, first, len) = (src.samples, src.first_sample, src.raw_size);
     blocking(move || {
         ShardHandle::open_growing(

@@ -12,9 +12,11 @@ use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
 
 use super::config::StreamingConfig;
+use super::format::{stored_size, LitFields, ShardSchema, TarShard};
 use crate::cache::{read_index_copy, remove_index_copy, save_index_copy, ExpectedHash};
 use crate::error::{Result, StreamerError};
 use crate::order::Weight;
+use shardstream_sharding::litdata::LitDataIndex;
 
 /// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
 #[derive(Debug)]
@@ -116,10 +118,138 @@ impl Loaded {
                 samples: info.samples,
                 first_sample: self.first_sample,
                 cache_bytes: cached,
-                columns,
+                schema: ShardSchema::Mds(columns),
             });
             counts.push(info.samples);
             self.first_sample += info.samples;
+        }
+        Ok(counts)
+    }
+}
+
+impl Loaded {
+    /// Adds a WebDataset stream from its counted tars; returns its per-shard sample counts.
+    /// A tar is stored as it is or gzip-compressed; in the cache it takes its inflated size
+    /// (plus the stored bytes while it is inflated), nothing when it is read in place.
+    pub(super) fn add_wds_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        tars: &[TarShard],
+    ) -> Result<Vec<u64>> {
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        let mut counts = Vec::with_capacity(tars.len());
+        for tar in tars {
+            let local = location.local_path(&tar.rel)?;
+            let name: Arc<str> = match &local {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(&tar.rel)),
+            };
+            let algorithm = tar.gzip.then_some(Algorithm::Gzip);
+            let cached = match (in_place, tar.gzip) {
+                (true, false) => 0,
+                (true, true) => tar.raw,
+                (false, true) => tar.raw.saturating_add(tar.stored),
+                (false, false) => tar.raw,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: tar.rel.clone(),
+                stored_size: tar.stored,
+                stored_hash: None,
+                algorithm,
+                raw_size: tar.raw,
+                raw_hash: None,
+                local_raw: local.clone().filter(|_| in_place && !tar.gzip),
+                local_stored: local.filter(|_| in_place),
+                samples: tar.samples,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                schema: ShardSchema::Wds,
+            });
+            counts.push(tar.samples);
+            self.first_sample = self.first_sample.saturating_add(tar.samples);
+        }
+        Ok(counts)
+    }
+}
+
+impl Loaded {
+    /// Adds a LitData stream from its index; returns its per-chunk sample counts. A chunk is
+    /// read as an MDS shard (the same layout); a whole-file zstd chunk is inflated into the
+    /// cache to the `chunk_bytes` its index records. Stored sizes come from the files (a stat,
+    /// or a HEAD per chunk when remote), not from the index.
+    pub(super) fn add_lit_stream(
+        &mut self,
+        config: &StreamingConfig,
+        location: &Location,
+        stream: usize,
+        index: &LitDataIndex,
+        fields: &Arc<LitFields>,
+    ) -> Result<Vec<u64>> {
+        let in_place = location.local_root().is_some() && !config.copy_local;
+        let whole_zstd = index.whole_file_zstd();
+        let mut counts = Vec::with_capacity(index.chunks.len());
+        for chunk in &index.chunks {
+            // litdata reading a local dataset inflates `chunk-R-I.zstd.bin` in place into
+            // `chunk-R-I.bin` and deletes the compressed file: that copy is read instead.
+            let inflated = match &index.compression {
+                Some(c) if whole_zstd => Some(chunk.filename.replace(&format!(".{c}"), "")),
+                _ => None,
+            };
+            let inflated = inflated.filter(|rel| {
+                let local = |r: &str| location.local_path(r).ok().flatten();
+                local(&chunk.filename).is_some_and(|p| !p.exists())
+                    && local(rel).is_some_and(|p| p.is_file())
+            });
+            let whole_zstd = whole_zstd && inflated.is_none();
+            let rel = inflated.as_ref().unwrap_or(&chunk.filename);
+            let stored = stored_size(location, rel)?;
+            let raw = match (whole_zstd, chunk.chunk_bytes) {
+                (false, _) => stored,
+                (true, Some(bytes)) => bytes,
+                (true, None) => {
+                    return Err(StreamerError::Format(
+                        shardstream_sharding::FormatError::invalid_index(
+                            location.url_of("index.json"),
+                            format!("compressed chunk {rel} has no chunk_bytes"),
+                        ),
+                    ))
+                }
+            };
+            let local = location.local_path(rel)?;
+            let name: Arc<str> = match &local {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(rel)),
+            };
+            let cached = match (in_place, whole_zstd) {
+                (true, false) => 0,
+                (true, true) => raw,
+                (false, true) => raw.saturating_add(stored),
+                (false, false) => raw,
+            };
+            self.max_shard_bytes = self.max_shard_bytes.max(cached);
+            self.shards.push(ShardSource {
+                name,
+                stream,
+                stored_rel: rel.clone(),
+                stored_size: stored,
+                stored_hash: None,
+                algorithm: whole_zstd.then_some(Algorithm::Zstd),
+                raw_size: raw,
+                raw_hash: None,
+                local_raw: local.clone().filter(|_| in_place && !whole_zstd),
+                local_stored: local.filter(|_| in_place),
+                samples: chunk.chunk_size,
+                first_sample: self.first_sample,
+                cache_bytes: cached,
+                schema: ShardSchema::LitData(Arc::clone(fields)),
+            });
+            counts.push(chunk.chunk_size);
+            self.first_sample = self.first_sample.saturating_add(chunk.chunk_size);
         }
         Ok(counts)
     }
@@ -233,5 +363,6 @@ pub(crate) struct ShardSource {
     pub first_sample: u64,
     /// Bytes it takes in the cache (0 when read in place).
     pub cache_bytes: u64,
-    pub columns: Arc<shardstream_sharding::mds::Columns>,
+    /// How its samples are found and split.
+    pub schema: ShardSchema,
 }

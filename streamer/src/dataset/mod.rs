@@ -29,6 +29,7 @@ mod config;
 mod decode;
 mod engine;
 mod fetch;
+mod format;
 mod growing;
 mod index;
 mod inner;
@@ -56,6 +57,7 @@ use crate::error::{Result, StreamerError};
 use crate::order::{DatasetShape, StreamShape, Weight};
 
 pub use fetch::{parts as fetch_parts, PART_BYTES, WRITE_BYTES};
+pub use format::{LitFields, SampleSchema, ShardFormat, WdsFields};
 pub use manage::ShardInfo;
 pub use metrics::{
     node_metrics, node_sum, publishing_enabled, Counters, MetricsSnapshot, NamedCounters, NodeSum,
@@ -69,8 +71,8 @@ pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedS
 use config::open_url;
 pub use config::StreamingConfig;
 use index::IndexCopy;
+use index::Loaded;
 pub use index::StreamSpec;
-use index::{load_index, Loaded};
 pub(crate) use inner::Inner;
 use metrics::Metrics;
 use proc::ProcSlot;
@@ -90,12 +92,13 @@ impl StreamingDataset {
     /// Opens a dataset: reads and checks `index.json` (no shard is downloaded), and works out
     /// the cache folder. Blocking.
     pub fn open(config: StreamingConfig) -> Result<Self> {
-        let location = open_url(&config.remote, config.retry_window())?;
-        let reopen = Some((config.remote.clone(), config.split.clone()));
+        let url = format::split_url(&config.remote)?;
+        let location = open_url(&url.root, config.retry_window())?;
+        let reopen = Some((url.root, config.split.clone()));
         let split = config.split.clone();
         Self::open_streams_at(
             config,
-            vec![(location, split, Weight::Natural, reopen)],
+            vec![(location, split, Weight::Natural, reopen, url.tars)],
             None,
         )
     }
@@ -104,7 +107,11 @@ impl StreamingDataset {
     /// options, a test server); `config.remote` is then only used in messages.
     pub fn open_at(config: StreamingConfig, location: Location) -> Result<Self> {
         let split = config.split.clone();
-        Self::open_streams_at(config, vec![(location, split, Weight::Natural, None)], None)
+        Self::open_streams_at(
+            config,
+            vec![(location, split, Weight::Natural, None, None)],
+            None,
+        )
     }
 
     /// Opens several datasets mixed as one, like mosaicml-streaming's `streams`: each
@@ -120,14 +127,18 @@ impl StreamingDataset {
     ) -> Result<Self> {
         let mut opened = Vec::with_capacity(streams.len());
         for spec in streams {
-            let (location, reopen) = match spec.location {
-                Some(l) => (l, None),
-                None => (
-                    open_url(&spec.remote, config.retry_window())?,
-                    Some((spec.remote.clone(), spec.split.clone())),
-                ),
+            let (location, reopen, tars) = match spec.location {
+                Some(l) => (l, None, None),
+                None => {
+                    let url = format::split_url(&spec.remote)?;
+                    (
+                        open_url(&url.root, config.retry_window())?,
+                        Some((url.root, spec.split.clone())),
+                        url.tars,
+                    )
+                }
             };
-            opened.push((location, spec.split, spec.weight, reopen));
+            opened.push((location, spec.split, spec.weight, reopen, tars));
         }
         Self::open_streams_at(config, opened, epoch_size)
     }
@@ -157,20 +168,20 @@ impl StreamingDataset {
         let mut index_json = Vec::new();
         let mut columns = Vec::new();
         let mut opened = Vec::with_capacity(streams.len());
-        for (location, split, weight, again) in streams {
+        for (location, split, weight, again, tars) in streams {
             reopen.push(again);
             let location = match &split {
                 Some(split) => location.join(split)?,
                 None => location,
             };
-            opened.push((location, weight));
+            opened.push((location, weight, tars));
         }
         // The node's folder, when a stream is remote: resolved without the index (`local`, or a
         // run id), it keeps copies of the remote indexes. Resolved once, and used below too.
-        let any_remote = opened.iter().any(|(l, _)| l.local_root().is_none());
+        let any_remote = opened.iter().any(|(l, _, _)| l.local_root().is_none());
         // What names the run when no launcher does (a plain script, a notebook): the datasets'
         // URLs, so that the next run of the same script finds this one's cache.
-        let urls: Vec<&str> = opened.iter().map(|(l, _)| l.url()).collect();
+        let urls: Vec<&str> = opened.iter().map(|(l, _, _)| l.url()).collect();
         let dataset_key = urls.join("\n");
         let node_folder =
             any_remote.then(|| resolve_cache_dir(&config, CacheKey::Dataset(&dataset_key)));
@@ -183,8 +194,42 @@ impl StreamingDataset {
         // indexes, so that a dataset rewritten under the same paths gets a new folder instead
         // of the decompressed shards of the old one (hashed only for such a dataset).
         let mut indexes_hash = STABLE_HASH_START;
-        for (i, (location, weight)) in opened.into_iter().enumerate() {
-            let (json, index, from_store) = load_index(&location, copies)?;
+        for (i, (location, weight, tars)) in opened.into_iter().enumerate() {
+            let (json, index, from_store) = match format::open_stream(
+                &location,
+                tars,
+                config.format,
+                copies,
+                config.allow_unsafe_types,
+            )? {
+                format::Opened::Mds(json, index, from_store) => (json, index, from_store),
+                format::Opened::LitData(json, index, fields) => {
+                    if local_only {
+                        indexes_hash = stable_hash_from(indexes_hash, &json);
+                    }
+                    let counts = loaded.add_lit_stream(&config, &location, i, &index, &fields)?;
+                    if i == 0 {
+                        index_json = json;
+                    }
+                    shapes.push((StreamShape::new(counts)?, weight));
+                    locations.push(location);
+                    continue;
+                }
+                format::Opened::Wds(tars) => {
+                    // What the stream is: its tars' names, sizes and counts.
+                    let json = serde_json::to_vec(&tars).unwrap_or_default();
+                    if local_only {
+                        indexes_hash = stable_hash_from(indexes_hash, &json);
+                    }
+                    let counts = loaded.add_wds_stream(&config, &location, i, &tars)?;
+                    if i == 0 {
+                        index_json = json;
+                    }
+                    shapes.push((StreamShape::new(counts)?, weight));
+                    locations.push(location);
+                    continue;
+                }
+            };
             if local_only {
                 indexes_hash = stable_hash_from(indexes_hash, &json);
             }
@@ -453,12 +498,14 @@ impl StreamingDataset {
     }
 }
 
-/// A stream as `open_streams_at` takes it: location, split, weight, and how to reopen it.
+/// A stream as `open_streams_at` takes it: location, split, weight, how to reopen it, and the
+/// WebDataset tars its URL named.
 type Stream = (
     Location,
     Option<String>,
     Weight,
     Option<(String, Option<String>)>,
+    Option<Vec<String>>,
 );
 
 /// What keys a dataset's cache folder when no launcher names the run.

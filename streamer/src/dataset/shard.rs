@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shardstream_sharding::mds::Columns;
+use shardstream_sharding::value::Value;
 use shardstream_sharding::Sample;
+
+use super::format::{locate_all, LitFields, SampleSchema, ShardSchema, WdsTable};
 
 use super::growing::{Growing, Landing};
 use crate::buffers::{PooledBuffer, ReadAlloc};
@@ -35,9 +38,8 @@ struct HandleInner {
     name: Arc<str>,
     file: File,
     len: u64,
-    /// `offsets[i]..offsets[i + 1]` is sample `i`; `offsets.len() == samples + 1`.
-    offsets: Vec<u32>,
-    columns: Arc<Columns>,
+    /// Where each sample lies.
+    layout: Layout,
     /// Global sample id of the shard's first sample.
     first_sample: u64,
     /// The file's path (the cache's temp name while the shard is still growing).
@@ -47,6 +49,24 @@ struct HandleInner {
     /// Set while (and after) the shard downloads in this process: reads wait for its prefix.
     growing: Option<Growing>,
     pid: u32,
+}
+
+/// Where a shard's samples lie in its file.
+#[derive(Debug)]
+enum Layout {
+    /// MDS: `offsets[i]..offsets[i + 1]` is sample `i` (`offsets.len() == samples + 1`), whose
+    /// columns `columns` splits.
+    Mds {
+        offsets: Vec<u32>,
+        columns: Arc<Columns>,
+    },
+    /// LitData: the same header and offset table; each item's leaves.
+    LitData {
+        offsets: Vec<u32>,
+        fields: Arc<LitFields>,
+    },
+    /// A tar: each sample's members, located when the shard was opened.
+    Wds(WdsTable),
 }
 
 /// What keeps the file pinned in the cache.
@@ -75,7 +95,7 @@ impl ShardHandle {
         shard: usize,
         name: Arc<str>,
         lease: ShardLease,
-        columns: Arc<Columns>,
+        schema: ShardSchema,
         samples: u64,
         first_sample: u64,
     ) -> Result<ShardHandle> {
@@ -102,7 +122,7 @@ impl ShardHandle {
             pin: Pin::Lease(lease),
             growing: None,
         };
-        opened.check(columns, samples, first_sample)
+        opened.check(schema, samples, first_sample)
     }
 
     /// Opens a decompressed shard that this process is still writing (`file` is its temp
@@ -116,7 +136,7 @@ impl ShardHandle {
         (file, path, len): (File, PathBuf, u64),
         growing: Growing,
         landing: Arc<Landing>,
-        columns: Arc<Columns>,
+        schema: ShardSchema,
         samples: u64,
         first_sample: u64,
     ) -> Result<ShardHandle> {
@@ -129,7 +149,7 @@ impl ShardHandle {
             pin: Pin::Landing(landing),
             growing: Some(growing),
         };
-        opened.check(columns, samples, first_sample)
+        opened.check(schema, samples, first_sample)
     }
 
     /// The shard's number in the index.
@@ -157,7 +177,12 @@ impl ShardHandle {
 
     /// Samples in the shard.
     pub fn num_samples(&self) -> u64 {
-        (self.inner.offsets.len() - 1) as u64
+        match &self.inner.layout {
+            Layout::Mds { offsets, .. } | Layout::LitData { offsets, .. } => {
+                (offsets.len() - 1) as u64
+            }
+            Layout::Wds(table) => table.len(),
+        }
     }
 
     /// Reads decompressed bytes at `offset` (as `pread`): returns how many were read, 0 at the
@@ -174,8 +199,7 @@ impl ShardHandle {
 
     /// The byte range of sample `i` in the file.
     pub(crate) fn sample_range(&self, i: u64) -> Result<Range<u64>> {
-        let offsets = &self.inner.offsets;
-        let n = offsets.len() as u64 - 1;
+        let n = self.num_samples();
         if i >= n {
             return Err(StreamerError::OutOfRange {
                 what: "sample",
@@ -184,7 +208,12 @@ impl ShardHandle {
             });
         }
         let i = i as usize;
-        Ok(u64::from(offsets[i])..u64::from(offsets[i + 1]))
+        Ok(match &self.inner.layout {
+            Layout::Mds { offsets, .. } | Layout::LitData { offsets, .. } => {
+                u64::from(offsets[i])..u64::from(offsets[i + 1])
+            }
+            Layout::Wds(table) => table.span(i),
+        })
     }
 
     /// Reads sample `i` (its own buffer).
@@ -263,19 +292,50 @@ impl ShardHandle {
                 what: self.inner.name.to_string(),
                 reason: format!("sample {i} lies outside its read"),
             })?;
-        let mut cols = self
-            .inner
-            .columns
-            .split_ranges(&self.inner.name, i, bytes)
-            .map_err(StreamerError::from)?;
-        for col in &mut cols {
-            *col = col.start + range.start..col.end + range.start;
-        }
+        let (cols, schema, key) = match &self.inner.layout {
+            Layout::Mds { columns, .. } => {
+                let mut cols = columns
+                    .split_ranges(&self.inner.name, i, bytes)
+                    .map_err(StreamerError::from)?;
+                for col in &mut cols {
+                    *col = col.start + range.start..col.end + range.start;
+                }
+                (cols, SampleSchema::Mds(Arc::clone(columns)), None)
+            }
+            Layout::LitData { fields, .. } => {
+                let mut cols = fields.split(&self.inner.name, i, bytes)?;
+                for col in &mut cols {
+                    *col = col.start + range.start..col.end + range.start;
+                }
+                (cols, SampleSchema::LitData(Arc::clone(fields)), None)
+            }
+            Layout::Wds(table) => {
+                let at = i as usize;
+                let base = table.span(at).start;
+                let cols = table
+                    .fields(at)
+                    .iter()
+                    .map(|f| {
+                        let start = (f.start - base) as usize + range.start;
+                        start..start + (f.end - f.start) as usize
+                    })
+                    .collect::<Vec<_>>();
+                if cols.last().is_some_and(|c| c.end > range.end) {
+                    return Err(StreamerError::Corrupt {
+                        what: self.inner.name.to_string(),
+                        reason: format!("sample {i} lies outside its read"),
+                    });
+                }
+                let key = Some(Arc::clone(table.key(at)));
+                (cols, table.schema(at).clone(), key)
+            }
+        };
         Ok(RawSample {
             buf,
             range,
             cols,
-            columns: Arc::clone(&self.inner.columns),
+            schema,
+            key,
             name: Arc::clone(&self.inner.name),
             shard: self.inner.shard,
             in_shard: i,
@@ -302,7 +362,7 @@ struct Opened {
 
 impl Opened {
     /// Reads and checks the header and offset table (waiting for them if the file grows).
-    fn check(self, columns: Arc<Columns>, samples: u64, first_sample: u64) -> Result<ShardHandle> {
+    fn check(self, schema: ShardSchema, samples: u64, first_sample: u64) -> Result<ShardHandle> {
         let Opened {
             shard,
             name,
@@ -319,6 +379,40 @@ impl Opened {
         let corrupt = |reason: String| StreamerError::Corrupt {
             what: name.to_string(),
             reason,
+        };
+        let columns = match schema {
+            ShardSchema::Mds(columns) => Ok(columns),
+            ShardSchema::LitData(fields) => Err(fields),
+            ShardSchema::Wds => {
+                // A tar's samples are found by reading its member headers: the whole file.
+                wait(len)?;
+                let reader = std::io::BufReader::with_capacity(1 << 20, &file);
+                let (located, read) = locate_all(&name, reader)?;
+                if read != len {
+                    return Err(corrupt(format!("{read} bytes read of {len}")));
+                }
+                if located.len() as u64 != samples {
+                    return Err(corrupt(format!(
+                        "the tar holds {} samples, {samples} when it was counted",
+                        located.len()
+                    )));
+                }
+                let table = WdsTable::new(&name, located, len)?;
+                return Ok(ShardHandle {
+                    inner: Arc::new(HandleInner {
+                        shard,
+                        name,
+                        file,
+                        len,
+                        layout: Layout::Wds(table),
+                        first_sample,
+                        path,
+                        pin: Some(pin),
+                        growing,
+                        pid: std::process::id(),
+                    }),
+                });
+            }
         };
         let mut head = [0u8; 4];
         wait(4)?;
@@ -364,8 +458,10 @@ impl Opened {
                 name,
                 file,
                 len,
-                offsets,
-                columns,
+                layout: match columns {
+                    Ok(columns) => Layout::Mds { offsets, columns },
+                    Err(fields) => Layout::LitData { offsets, fields },
+                },
                 first_sample,
                 path,
                 pin: Some(pin),
@@ -392,7 +488,9 @@ pub struct RawSample {
     buf: Arc<PooledBuffer>,
     range: Range<usize>,
     cols: Vec<Range<usize>>,
-    columns: Arc<Columns>,
+    schema: SampleSchema,
+    /// A WebDataset sample's key.
+    key: Option<Arc<str>>,
     name: Arc<str>,
     shard: usize,
     in_shard: u64,
@@ -431,9 +529,21 @@ impl RawSample {
         self.cols.len()
     }
 
-    /// The column names, in the same order as [`RawSample::columns`].
+    /// The column names, in the same order as [`RawSample::columns`] (a WebDataset sample's
+    /// member extensions).
     pub fn column_names(&self) -> &[String] {
-        self.columns.names()
+        self.schema.names()
+    }
+
+    /// What its columns are and how they decode: its shard's MDS columns, or a WebDataset
+    /// sample's fields. Samples of one shard share it (compare with `Arc::ptr_eq`).
+    pub fn schema(&self) -> &SampleSchema {
+        &self.schema
+    }
+
+    /// A WebDataset sample's key (`__key__`); `None` for MDS.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// The sample's encoded bytes as stored in the shard (column sizes and column bytes).
@@ -441,10 +551,29 @@ impl RawSample {
         &self.buf[self.range.clone()]
     }
 
-    /// Decodes every column (as mosaicml-streaming decodes them).
+    /// Decodes every column (as mosaicml-streaming decodes them). A WebDataset sample gives
+    /// `__key__`, `__url__` and each member's bytes, undecoded.
     pub fn decode(&self) -> Result<Sample> {
-        Ok(self
-            .columns
-            .decode_sample(&self.name, self.in_shard, self.bytes())?)
+        match &self.schema {
+            SampleSchema::Mds(columns) => {
+                Ok(columns.decode_sample(&self.name, self.in_shard, self.bytes())?)
+            }
+            SampleSchema::Wds(fields) => {
+                let mut sample = Sample::new();
+                let key = self.key.as_deref().unwrap_or_default();
+                sample.insert("__key__".into(), Value::Str(key.into()));
+                sample.insert("__url__".into(), Value::Str(fields.url.to_string()));
+                for (name, col) in fields.names.iter().zip(self.columns()) {
+                    sample.insert(name.clone(), Value::Bytes(col.to_vec()));
+                }
+                Ok(sample)
+            }
+            SampleSchema::LitData(fields) => {
+                let values = fields
+                    .decoder
+                    .decode(&self.name, self.in_shard, self.bytes())?;
+                Ok(fields.decoder.columns.iter().cloned().zip(values).collect())
+            }
+        }
     }
 }
