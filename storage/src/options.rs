@@ -123,6 +123,14 @@ pub struct StorageOptions {
     pub chunk_size: usize,
     /// Size of one multipart part; files larger than this are uploaded in parts.
     pub part_size: usize,
+    /// Send unsigned requests (public buckets); S3 and GCS.
+    pub anonymous: Option<bool>,
+    /// AWS profile for the credential chain; overrides `AWS_PROFILE`.
+    pub profile: Option<String>,
+    /// `object_store` configuration keys of the location's backend (`aws_access_key_id`,
+    /// `google_service_account`, `azure_storage_sas_key`, `timeout`...), applied after the
+    /// environment. Filled from per-call options by [`crate::named_options`].
+    pub config: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for StorageOptions {
@@ -139,6 +147,12 @@ impl std::fmt::Debug for StorageOptions {
             .field("concurrency", &self.concurrency)
             .field("chunk_size", &self.chunk_size)
             .field("part_size", &self.part_size)
+            .field("anonymous", &self.anonymous)
+            .field("profile", &self.profile)
+            .field(
+                "config_keys",
+                &self.config.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -154,6 +168,9 @@ impl Default for StorageOptions {
             concurrency: 8,
             chunk_size: 8 * MIB,
             part_size: 8 * MIB,
+            anonymous: None,
+            profile: None,
+            config: Vec::new(),
         }
     }
 }
@@ -174,6 +191,24 @@ impl StorageOptions {
     /// Sets the S3 region.
     pub fn with_region(mut self, region: impl Into<String>) -> Self {
         self.region = Some(region.into());
+        self
+    }
+
+    /// Sends unsigned requests (a public bucket) or not.
+    pub fn with_anonymous(mut self, anonymous: bool) -> Self {
+        self.anonymous = Some(anonymous);
+        self
+    }
+
+    /// Sets the AWS profile of the credential chain.
+    pub fn with_profile(mut self, profile: impl Into<String>) -> Self {
+        self.profile = Some(profile.into());
+        self
+    }
+
+    /// Adds an `object_store` configuration key for the backend (applied last).
+    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.push((key.into(), value.into()));
         self
     }
 

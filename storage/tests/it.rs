@@ -7,6 +7,7 @@
 mod common;
 
 mod bounded;
+mod credentials;
 mod decorators;
 mod faults;
 mod odd_keys;
