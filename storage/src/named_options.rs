@@ -27,6 +27,34 @@ use crate::error::{Result, StorageError};
 use crate::options::StorageOptions;
 use crate::url::StorageUrl;
 
+/// Option pairs as given (`("key", "AKIA...")`), held until a location is opened with them.
+/// Its `Debug` shows the names and masks every value, so that a configuration holding it can
+/// be logged.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NamedOptions(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for NamedOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, _)| (k, crate::redact::MASK)))
+            .finish()
+    }
+}
+
+impl std::ops::Deref for NamedOptions {
+    type Target = [(String, String)];
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl From<Vec<(String, String)>> for NamedOptions {
+    fn from(pairs: Vec<(String, String)>) -> Self {
+        Self(pairs)
+    }
+}
+
 /// What an option name sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
@@ -365,6 +393,16 @@ mod tests {
         assert!(!format!("{o:?}").contains("hunter2-secret"));
         let err = s3(&[("secret", "hunter2-secret"), ("nope", "hunter2-secret")]).unwrap_err();
         assert!(!err.to_string().contains("hunter2-secret"), "{err}");
+    }
+
+    #[test]
+    fn held_options_debug_without_values() {
+        let held = NamedOptions::from(vec![("secret".to_string(), "hunter2-secret".to_string())]);
+        let text = format!("{held:?}");
+        assert!(
+            text.contains("secret") && !text.contains("hunter2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -85,8 +85,16 @@ impl StreamingDataset {
     /// Opens a dataset: reads and checks `index.json` (no shard is downloaded), and works out
     /// the cache folder. Blocking.
     pub fn open(config: StreamingConfig) -> Result<Self> {
-        let location = open_url(&config.remote, config.retry_window())?;
-        let reopen = Some((config.remote.clone(), config.split.clone()));
+        let location = open_url(
+            &config.remote,
+            &config.storage_options,
+            config.retry_window(),
+        )?;
+        let reopen = Some((
+            config.remote.clone(),
+            config.split.clone(),
+            config.storage_options.clone(),
+        ));
         let split = config.split.clone();
         Self::open_streams_at(
             config,
@@ -117,10 +125,19 @@ impl StreamingDataset {
         for spec in streams {
             let (location, reopen) = match spec.location {
                 Some(l) => (l, None),
-                None => (
-                    open_url(&spec.remote, config.retry_window())?,
-                    Some((spec.remote.clone(), spec.split.clone())),
-                ),
+                None => {
+                    let options: shardstream_storage::named_options::NamedOptions = config
+                        .storage_options
+                        .iter()
+                        .chain(spec.storage_options.iter())
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .into();
+                    (
+                        open_url(&spec.remote, &options, config.retry_window())?,
+                        Some((spec.remote.clone(), spec.split.clone(), options)),
+                    )
+                }
             };
             opened.push((location, spec.split, spec.weight, reopen));
         }
@@ -449,12 +466,7 @@ impl StreamingDataset {
 }
 
 /// A stream as `open_streams_at` takes it: location, split, weight, and how to reopen it.
-type Stream = (
-    Location,
-    Option<String>,
-    Weight,
-    Option<(String, Option<String>)>,
-);
+type Stream = (Location, Option<String>, Weight, Option<inner::Reopen>);
 
 /// What keys a dataset's cache folder when no launcher names the run.
 #[derive(Debug, Clone, Copy)]
