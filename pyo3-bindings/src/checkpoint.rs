@@ -33,6 +33,8 @@ use shardstream_checkpoint::{
 };
 use shardstream_streamer::dataset::{NamedCounters, ProcessCounters};
 
+use shardstream_storage::{named_options, Env, Location, StorageOptions};
+
 use crate::runtime::runtime;
 use crate::{blocking, errors};
 
@@ -84,6 +86,17 @@ fn to_py(e: CoreError) -> PyErr {
     }
 }
 
+/// A checkpoint root at `url` with `storage_options` over the process environment.
+fn open_root(url: &str, storage_options: &[(String, String)]) -> Result<CheckpointRoot, CoreError> {
+    let location = named_options::apply(url, storage_options, StorageOptions::default())
+        .and_then(|options| Location::open_with(url, &options, &Env::from_process()))
+        .map_err(|source| CoreError::Location {
+            url: url.to_owned(),
+            source: Box::new(source),
+        })?;
+    Ok(CheckpointRoot::from_location(&location))
+}
+
 fn json_err(what: &str, e: serde_json::Error) -> PyErr {
     PyValueError::new_err(format!("{what}: {e}"))
 }
@@ -97,10 +110,12 @@ pub struct CheckpointStore {
 
 #[pymethods]
 impl CheckpointStore {
-    /// Opens a root URL (`s3://…`, `gs://…`, `az://…`, `file://…`) or a local path.
+    /// Opens a root URL (`s3://…`, `gs://…`, `az://…`, `file://…`) or a local path, with
+    /// per-call storage options (`(name, value)` pairs, see `shardstream_storage::named_options`).
     #[new]
-    fn new(url: &str) -> PyResult<Self> {
-        let root = CheckpointRoot::open_url(url).map_err(to_py)?;
+    #[pyo3(signature = (url, storage_options=Vec::new()))]
+    fn new(url: &str, storage_options: Vec<(String, String)>) -> PyResult<Self> {
+        let root = open_root(url, &storage_options).map_err(to_py)?;
         node_counters().start(checkpoint_counters);
         Ok(Self {
             root,

@@ -16,7 +16,7 @@ use shardstream_sharding::hashing::HashAlgorithm;
 use shardstream_sharding::mds::{Encoding, LocalDirSink, MdsWriter, MdsWriterOptions, ShardSink};
 use shardstream_sharding::value::{DType, NdArray, PilImage, Value};
 use shardstream_sharding::{FormatError, Sample};
-use shardstream_storage::Location;
+use shardstream_storage::{named_options, Env, Location, StorageOptions};
 
 use crate::errors::{from_format, from_storage};
 use crate::runtime::runtime;
@@ -54,7 +54,8 @@ fn parse_or_value_error<T>(r: Result<T, FormatError>) -> PyResult<T> {
 #[pymethods]
 impl NativeShardWriter {
     #[new]
-    #[pyo3(signature = (out, columns, compression=None, hashes=None, size_limit=Some(1 << 26), allow_unsafe_types=false))]
+    #[pyo3(signature = (out, columns, compression=None, hashes=None, size_limit=Some(1 << 26), allow_unsafe_types=false, storage_options=Vec::new()))]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's keywords, one each
     fn new(
         py: Python<'_>,
         out: String,
@@ -63,6 +64,7 @@ impl NativeShardWriter {
         hashes: Option<Vec<String>>,
         size_limit: Option<u64>,
         allow_unsafe_types: bool,
+        storage_options: Vec<(String, String)>,
     ) -> PyResult<Self> {
         let mut parsed = Vec::with_capacity(columns.len());
         for (name, enc) in &columns {
@@ -86,7 +88,9 @@ impl NativeShardWriter {
             ..MdsWriterOptions::default()
         };
         let writer = py.detach(|| -> PyResult<MdsWriter> {
-            let location = Location::open(&out).map_err(from_storage)?;
+            let location = named_options::apply(&out, &storage_options, StorageOptions::default())
+                .and_then(|options| Location::open_with(&out, &options, &Env::from_process()))
+                .map_err(from_storage)?;
             let sink: Arc<dyn ShardSink> = match location.local_root() {
                 Some(dir) => Arc::new(LocalDirSink::new(dir).map_err(from_format)?),
                 None => Arc::new(StoreSink {

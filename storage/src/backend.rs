@@ -8,7 +8,8 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
-use crate::env::{Env, S3Settings};
+use crate::aws_chain::AwsChainProvider;
+use crate::env::{AwsCredentials, Env, S3Settings};
 use crate::error::{Result, StorageError};
 use crate::listing::KeySafeStore;
 use crate::options::StorageOptions;
@@ -56,6 +57,10 @@ pub(crate) fn build(
             if let Some(c) = connector() {
                 builder = builder.with_http_connector(c);
             }
+            if let AwsCredentials::Chain(sources) = &settings.credentials {
+                let chain = AwsChainProvider::new((**sources).clone(), &settings.region)?;
+                builder = builder.with_credentials(Arc::new(chain));
+            }
             let store = settings
                 .apply(builder)
                 .with_bucket_name(bucket)
@@ -78,6 +83,12 @@ pub(crate) fn build(
             if let Some(sa) = env.get("SERVICE_ACCOUNT") {
                 builder = builder.with_service_account_path(sa);
             }
+            for (key, value) in &options.config {
+                builder = builder.with_config(backend_key(url, key)?, value);
+            }
+            if let Some(anonymous) = options.anonymous {
+                builder = builder.with_skip_signature(anonymous);
+            }
             let store = builder
                 .with_bucket_name(bucket)
                 .build()
@@ -96,6 +107,12 @@ pub(crate) fn build(
                     builder = builder.with_config(key, value);
                 }
             }
+            for (key, value) in &options.config {
+                builder = builder.with_config(backend_key(url, key)?, value);
+            }
+            if let Some(anonymous) = options.anonymous {
+                builder = builder.with_skip_signature(anonymous);
+            }
             let store = builder.with_url(base).build().map_err(config_error)?;
             Ok(Arc::new(KeySafeStore::new(store)))
         }
@@ -105,6 +122,14 @@ pub(crate) fn build(
             Ok(Arc::new(LocalFileSystem::new().with_fsync(true)))
         }
     }
+}
+
+/// A per-call `object_store` key for the URL's backend.
+fn backend_key<K: std::str::FromStr>(url: &StorageUrl, key: &str) -> Result<K> {
+    key.parse::<K>().map_err(|_| StorageError::Config {
+        url: url.to_string(),
+        reason: format!("storage option {key:?} does not apply to this location"),
+    })
 }
 
 #[cfg(test)]

@@ -17,10 +17,15 @@
 //!   `AWS_VIRTUAL_HOSTED_STYLE_REQUEST` overrides;
 //! - conditional put (`If-None-Match: *`, used by `put_if_absent`) is enabled; set
 //!   `AWS_CONDITIONAL_PUT=disabled` for servers that reject it;
-//! - every other `AWS_*` variable `object_store` knows (credentials, session token, web
-//!   identity, container credentials, checksum algorithm, ...) is passed through.
-//!   `AWS_PROFILE` is not supported by `object_store`; a warning is logged if it is the only
-//!   credential source.
+//! - region, when neither options nor `AWS_REGION`/`AWS_DEFAULT_REGION` name one: the
+//!   profile's `region` in the shared config file, as the AWS SDKs do;
+//! - credentials: keys (`AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`)
+//!   sign directly; without keys the AWS credential chain is used (profiles, SSO, web
+//!   identity, container, instance metadata: [`crate::aws_chain`]); `AWS_SKIP_SIGNATURE=true`
+//!   or the `anon` option sends unsigned requests. Per-call credentials (options) replace
+//!   every credential variable of the environment rather than mixing with them;
+//! - every other `AWS_*` variable `object_store` knows (checksum algorithm, request payer,
+//!   ...) is passed through, and per-call `object_store` keys are applied after them.
 //!
 //! GCS reads `GOOGLE_*` (e.g. `GOOGLE_APPLICATION_CREDENTIALS`, `GOOGLE_SERVICE_ACCOUNT`,
 //! `GOOGLE_BASE_URL`), Azure reads `AZURE_*` (e.g. `AZURE_STORAGE_ACCOUNT_NAME`,
@@ -30,6 +35,7 @@ use std::collections::BTreeMap;
 
 use object_store::aws::{AmazonS3ConfigKey, S3ConditionalPut};
 
+use crate::aws_chain::ChainSources;
 use crate::error::{Result, StorageError};
 use crate::options::StorageOptions;
 
@@ -156,8 +162,39 @@ pub struct S3Settings {
     pub region: String,
     /// Virtual-hosted-style (`bucket.host`) rather than path-style addressing.
     pub virtual_hosted: bool,
-    /// Other `AWS_*` settings passed to `object_store` unchanged.
+    /// Other `AWS_*` settings and per-call `object_store` keys, passed to `object_store`.
     pub passthrough: Vec<(AmazonS3ConfigKey, String)>,
+    /// How requests are signed.
+    pub credentials: AwsCredentials,
+}
+
+/// How S3 requests are signed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AwsCredentials {
+    /// Keys given in the environment or options (`object_store` signs with them).
+    Keys,
+    /// Unsigned requests (`anon`, `AWS_SKIP_SIGNATURE`).
+    Anonymous,
+    /// The AWS credential chain ([`crate::aws_chain`]).
+    Chain(Box<ChainSources>),
+}
+
+/// Keys that make up a credential: replaced as a whole by per-call credentials.
+fn is_credential_key(key: &AmazonS3ConfigKey) -> bool {
+    matches!(
+        key,
+        AmazonS3ConfigKey::AccessKeyId
+            | AmazonS3ConfigKey::SecretAccessKey
+            | AmazonS3ConfigKey::Token
+            | AmazonS3ConfigKey::SkipSignature
+            | AmazonS3ConfigKey::WebIdentityTokenFile
+            | AmazonS3ConfigKey::RoleArn
+            | AmazonS3ConfigKey::RoleSessionName
+            | AmazonS3ConfigKey::ContainerCredentialsRelativeUri
+            | AmazonS3ConfigKey::ContainerCredentialsFullUri
+            | AmazonS3ConfigKey::ContainerAuthorizationTokenFile
+    )
 }
 
 impl std::fmt::Debug for S3Settings {
@@ -172,6 +209,7 @@ impl std::fmt::Debug for S3Settings {
             .field("region", &self.region)
             .field("virtual_hosted", &self.virtual_hosted)
             .field("passthrough_keys", &keys)
+            .field("credentials", &self.credentials)
             .finish()
     }
 }
@@ -202,22 +240,48 @@ impl S3Settings {
                 });
             }
         }
+        let sources = ChainSources::resolve(env, options.profile.as_deref());
         let region = options
             .region
             .clone()
             .or_else(|| env.get("AWS_REGION").map(String::from))
             .or_else(|| env.get("AWS_DEFAULT_REGION").map(String::from))
+            .or_else(|| sources.profile_region())
             .unwrap_or_else(|| "us-east-1".to_string());
         let virtual_hosted = env
             .get_bool("AWS_VIRTUAL_HOSTED_STYLE_REQUEST")?
             .unwrap_or(false);
-        warn_on_profile(env);
+
+        let per_call = option_keys(options)?;
+        let per_call_credentials = options.anonymous.is_some()
+            || options.profile.is_some()
+            || per_call.iter().any(|(k, _)| is_credential_key(k));
+        let mut passthrough = passthrough(env);
+        if per_call_credentials {
+            passthrough.retain(|(k, _)| !is_credential_key(k));
+        }
+        passthrough.extend(per_call);
+        let skip_from_keys = passthrough
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == AmazonS3ConfigKey::SkipSignature)
+            .map(|(_, v)| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"));
+        passthrough.retain(|(k, _)| *k != AmazonS3ConfigKey::SkipSignature);
+        let has = |key: AmazonS3ConfigKey| passthrough.iter().any(|(k, _)| *k == key);
+        let credentials = if options.anonymous.or(skip_from_keys).unwrap_or(false) {
+            AwsCredentials::Anonymous
+        } else if has(AmazonS3ConfigKey::AccessKeyId) || has(AmazonS3ConfigKey::SecretAccessKey) {
+            AwsCredentials::Keys
+        } else {
+            AwsCredentials::Chain(Box::new(sources))
+        };
         Ok(Self {
             endpoint,
             allow_http,
             region,
             virtual_hosted,
-            passthrough: passthrough(env),
+            passthrough,
+            credentials,
         })
     }
 
@@ -231,12 +295,14 @@ impl S3Settings {
             .as_deref()
             .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
         let has = |key: AmazonS3ConfigKey| self.passthrough.iter().any(|(k, _)| *k == key);
-        let static_keys =
-            has(AmazonS3ConfigKey::AccessKeyId) && has(AmazonS3ConfigKey::SecretAccessKey);
-        let other_provider = has(AmazonS3ConfigKey::WebIdentityTokenFile)
-            || has(AmazonS3ConfigKey::ContainerCredentialsRelativeUri)
-            || has(AmazonS3ConfigKey::ContainerCredentialsFullUri);
-        self.allow_http && http_endpoint && static_keys && !other_provider
+        let signing_without_provider = match self.credentials {
+            AwsCredentials::Anonymous => true,
+            AwsCredentials::Keys => {
+                has(AmazonS3ConfigKey::AccessKeyId) && has(AmazonS3ConfigKey::SecretAccessKey)
+            }
+            AwsCredentials::Chain(_) => false,
+        };
+        self.allow_http && http_endpoint && signing_without_provider
     }
 
     /// Applies these settings to a builder that already has client and retry options.
@@ -244,7 +310,9 @@ impl S3Settings {
         &self,
         mut builder: object_store::aws::AmazonS3Builder,
     ) -> object_store::aws::AmazonS3Builder {
-        builder = builder.with_conditional_put(S3ConditionalPut::ETagMatch);
+        builder = builder
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_skip_signature(self.credentials == AwsCredentials::Anonymous);
         for (key, value) in &self.passthrough {
             builder = builder.with_config(*key, value);
         }
@@ -268,18 +336,21 @@ fn passthrough(env: &Env) -> Vec<(AmazonS3ConfigKey, String)> {
         .collect()
 }
 
-fn warn_on_profile(env: &Env) {
-    if let Some(profile) = env.get("AWS_PROFILE") {
-        if env.get("AWS_ACCESS_KEY_ID").is_none()
-            && env.get("AWS_WEB_IDENTITY_TOKEN_FILE").is_none()
-        {
-            tracing::warn!(
-                profile,
-                "AWS_PROFILE is set but profiles are not read; export AWS_ACCESS_KEY_ID and \
-                 AWS_SECRET_ACCESS_KEY or use a role (web identity, container or instance)"
-            );
-        }
-    }
+/// The per-call `object_store` keys, which must all be S3 keys.
+fn option_keys(options: &StorageOptions) -> Result<Vec<(AmazonS3ConfigKey, String)>> {
+    options
+        .config
+        .iter()
+        .map(|(k, v)| {
+            let key = k
+                .parse::<AmazonS3ConfigKey>()
+                .map_err(|_| StorageError::Config {
+                    url: "storage options".into(),
+                    reason: format!("{k:?} is not an S3 option"),
+                })?;
+            Ok((key, v.clone()))
+        })
+        .collect()
 }
 
 /// True for `http://localhost`, `http://127.x.y.z` and `http://[::1]` endpoints.
@@ -321,7 +392,8 @@ mod tests {
         assert!(with(&[("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")]));
         assert!(!with(&[("AWS_ENDPOINT_URL", "https://minio.example:9000")]));
         assert!(!with(&[]), "AWS itself is HTTPS");
-        assert!(!with(&[
+        // Keys win over a web identity token: no provider runs.
+        assert!(with(&[
             ("AWS_ENDPOINT_URL", "http://127.0.0.1:9000"),
             ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
         ]));

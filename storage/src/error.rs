@@ -189,6 +189,12 @@ impl StorageError {
     /// sources), then scrubbed of secrets ([`crate::redact::scrub`]).
     pub fn from_backend(url: impl Into<String>, source: object_store::Error) -> Self {
         let url = url.into();
+        if let Some(missing) = credentials_unavailable(&source) {
+            return Self::Config {
+                url,
+                reason: missing,
+            };
+        }
         match source {
             object_store::Error::NotFound { .. } => Self::NotFound { url },
             object_store::Error::AlreadyExists { .. } => Self::AlreadyExists { url },
@@ -308,6 +314,18 @@ fn object_key(url: &str) -> Option<&str> {
 /// Finds the transport error kind anywhere in the error's source chain.
 ///
 /// `object_store` hides its retry error type, but the `HttpError` it wraps is public.
+/// The message of a credential chain that found nothing (or failed), if that is the cause.
+fn credentials_unavailable(err: &object_store::Error) -> Option<String> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = err.source();
+    while let Some(e) = current {
+        if let Some(c) = e.downcast_ref::<crate::aws_chain::CredentialsUnavailable>() {
+            return Some(c.to_string());
+        }
+        current = e.source();
+    }
+    None
+}
+
 fn http_error_kind(err: &object_store::Error) -> Option<HttpErrorKind> {
     let mut current: Option<&(dyn std::error::Error + 'static)> = err.source();
     while let Some(e) = current {

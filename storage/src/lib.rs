@@ -6,7 +6,9 @@
 //!   (relative or absolute: local disk, NFS, EFS). See [`StorageUrl`].
 //! - Configuration comes from the standard environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`, plus
 //!   `S3_ENDPOINT_URL` as MosaicML Streaming reads it) and explicit [`StorageOptions`]; the
-//!   rules are in [`env`].
+//!   rules are in [`env`]. Without keys, S3 uses the AWS credential chain ([`aws_chain`]:
+//!   profiles, SSO, web identity, container, instance metadata). Per-call options by the
+//!   names fsspec and `object_store` users know are mapped in [`named_options`].
 //! - Transient failures (5xx, 429, `SlowDown`, timeouts, refused connections) are retried
 //!   with exponential backoff and jitter. No request moves more than one chunk or part, so
 //!   every request has a bounded timeout while a large transfer may take as long as it needs
@@ -47,6 +49,7 @@
 
 #![deny(missing_docs)]
 
+pub mod aws_chain;
 mod backend;
 pub mod decorate;
 pub mod env;
@@ -55,6 +58,7 @@ mod etag;
 pub mod key;
 pub mod listing;
 mod location;
+pub mod named_options;
 pub mod options;
 pub mod redact;
 pub mod shaping;
@@ -64,7 +68,7 @@ pub mod testing;
 mod transfer;
 pub mod url;
 
-pub use env::{Env, S3Settings};
+pub use env::{AwsCredentials, Env, S3Settings};
 pub use error::{Result, StorageError};
 pub use listing::{Listing, SkippedKey};
 pub use location::{Location, ObjectInfo, PutOutcome};

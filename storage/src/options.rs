@@ -128,6 +128,14 @@ pub struct StorageOptions {
     /// Request shaping of remote stores; `None`: from the `SHARDSTREAM_SHAPING*` environment
     /// (see [`crate::shaping`]).
     pub shaping: Option<ShapingConfig>,
+    /// Send unsigned requests (public buckets); S3 and GCS.
+    pub anonymous: Option<bool>,
+    /// AWS profile for the credential chain; overrides `AWS_PROFILE`.
+    pub profile: Option<String>,
+    /// `object_store` configuration keys of the location's backend (`aws_access_key_id`,
+    /// `google_service_account`, `azure_storage_sas_key`, `timeout`...), applied after the
+    /// environment. Filled from per-call options by [`crate::named_options`].
+    pub config: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for StorageOptions {
@@ -145,6 +153,12 @@ impl std::fmt::Debug for StorageOptions {
             .field("chunk_size", &self.chunk_size)
             .field("part_size", &self.part_size)
             .field("shaping", &self.shaping)
+            .field("anonymous", &self.anonymous)
+            .field("profile", &self.profile)
+            .field(
+                "config_keys",
+                &self.config.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -161,6 +175,9 @@ impl Default for StorageOptions {
             chunk_size: 8 * MIB,
             part_size: 8 * MIB,
             shaping: None,
+            anonymous: None,
+            profile: None,
+            config: Vec::new(),
         }
     }
 }
@@ -181,6 +198,24 @@ impl StorageOptions {
     /// Sets the S3 region.
     pub fn with_region(mut self, region: impl Into<String>) -> Self {
         self.region = Some(region.into());
+        self
+    }
+
+    /// Sends unsigned requests (a public bucket) or not.
+    pub fn with_anonymous(mut self, anonymous: bool) -> Self {
+        self.anonymous = Some(anonymous);
+        self
+    }
+
+    /// Sets the AWS profile of the credential chain.
+    pub fn with_profile(mut self, profile: impl Into<String>) -> Self {
+        self.profile = Some(profile.into());
+        self
+    }
+
+    /// Adds an `object_store` configuration key for the backend (applied last).
+    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.push((key.into(), value.into()));
         self
     }
 

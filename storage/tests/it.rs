@@ -8,6 +8,7 @@ mod common;
 
 mod bounded;
 mod conformance;
+mod credentials;
 mod decorators;
 mod faults;
 mod odd_keys;

@@ -217,6 +217,7 @@ fn two_streams_mixed_by_repeat_and_choose_deterministic_and_resumable() {
         split: None,
         weight,
         location: None,
+        storage_options: Default::default(),
     };
     let ds = StreamingDataset::open_streams(
         config(cache.path()),
@@ -446,12 +447,14 @@ fn a_remote_index_is_read_from_the_store_once_per_cache_folder() {
             split: Some(split.into()),
             weight: Weight::Natural,
             location: Some(s3_location(&server.endpoint(), "again")),
+            storage_options: Default::default(),
         };
         let local = StreamSpec {
             remote: data.path().display().to_string(),
             split: None,
             weight: Weight::Natural,
             location: None,
+            storage_options: Default::default(),
         };
         vec![remote("train"), remote("val"), local]
     };
@@ -498,6 +501,7 @@ fn fixed_sampling_keeps_a_partial_streams_subset_every_epoch() {
         split: None,
         weight,
         location: None,
+        storage_options: Default::default(),
     };
     // B's samples of `epoch` (global indexes after A's 120), in the order streamed.
     let epoch_of_b = |ds: &StreamingDataset, epoch: u64| -> Vec<u64> {

@@ -352,7 +352,7 @@ def _wrapping_file_writers(real_store, wrap):
         def __getattr__(self, name):
             return getattr(self.store, name)
 
-    return lambda root: Store(real_store(root))
+    return lambda root, *args: Store(real_store(root, *args))
 
 
 def test_ctrl_c_during_save_stops_it_and_leaves_no_checkpoint(monkeypatch, ctrl_c):

@@ -162,6 +162,7 @@ class NativeShardWriter:
         hashes: Sequence[str] | None = ...,
         size_limit: int | None = ...,
         allow_unsafe_types: bool = ...,
+        storage_options: Sequence[tuple[str, str]] = ...,
     ) -> None: ...
     def write(self, sample: Mapping[str, Any]) -> None: ...
     @property

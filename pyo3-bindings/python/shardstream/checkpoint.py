@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import uuid
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 import torch
@@ -44,6 +45,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from shardstream._native import CheckpointError, CheckpointStore
+from shardstream._storage_options import option_pairs
 
 __all__ = ["StorageWriter", "StorageReader", "latest", "list_checkpoints", "verify"]
 
@@ -113,8 +115,8 @@ def split_url(url: str | os.PathLike) -> tuple[str, str]:
     return root, cid
 
 
-def _store(root: str) -> CheckpointStore:
-    return CheckpointStore(root)
+def _store(root: str, storage_options: list[tuple[str, str]] | None = None) -> CheckpointStore:
+    return CheckpointStore(root, storage_options or [])
 
 
 def _cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -209,6 +211,9 @@ class StorageWriter(_DcpWriter):
             of a rank shares the one memory budget.
         step: training step recorded in the manifest (default: the id's trailing digits).
         metadata: JSON-serialisable dict stored in the manifest.
+        storage_options: endpoint, region, credentials and client options for this checkpoint
+            (``endpoint_url``, ``region``, ``key``/``secret``/``token``, ``anon``, ``profile``,
+            ``client_kwargs``...; see docs/python.md), over the environment.
     """
 
     def __init__(
@@ -222,9 +227,11 @@ class StorageWriter(_DcpWriter):
         max_concurrent_requests: int | None = None,
         step: int | None = None,
         metadata: dict | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.url = "" if url is None else os.fspath(url)
+        self._storage_options = option_pairs(storage_options)
         self.files_per_rank = files_per_rank
         self.file_size = file_size
         self.upload_options = {
@@ -264,7 +271,7 @@ class StorageWriter(_DcpWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         root, cid = split_url(self.url)
-        self.attempt = _store(root).begin_save(cid)
+        self.attempt = _store(root, self._storage_options).begin_save(cid)
         return [
             dataclasses.replace(
                 plan, storage_data={"attempt": self.attempt, "rank": i, "prefix": f"__{i}_"}
@@ -280,7 +287,7 @@ class StorageWriter(_DcpWriter):
                 f"(storage_data={info!r}); was prepare_global_plan skipped?"
             )
         root, cid = split_url(self.url)
-        store = _store(root)
+        store = _store(root, self._storage_options)
         attempt, rank, prefix = info["attempt"], int(info["rank"]), info["prefix"]
         results: list[WriteResult] = []
         crcs: list[list] = []
@@ -343,7 +350,7 @@ class StorageWriter(_DcpWriter):
         if self.attempt is None:
             raise CheckpointError(f"checkpoint {self.url}: finish() without prepare_global_plan()")
         root, cid = split_url(self.url)
-        store = _store(root)
+        store = _store(root, self._storage_options)
         storage_md: dict[MetadataIndex, _StorageInfo] = {}
         records: list[str] = []
         crcs: dict[str, list] = {}
@@ -399,11 +406,18 @@ class StorageReader(_DcpReader):
     every byte is checked against a CRC32C, so a flipped byte raises
     :class:`shardstream.HashMismatchError` naming the object. A directory written by torch's
     ``FileSystemWriter`` (no manifest, a ``.metadata``) is read as it is, unchecked.
+    ``storage_options`` are as :class:`StorageWriter`'s.
     """
 
-    def __init__(self, url: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.url = "" if url is None else os.fspath(url)
+        self._storage_options = option_pairs(storage_options)
         self.load_id = str(uuid.uuid4())
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self._files: Any = None
@@ -420,7 +434,7 @@ class StorageReader(_DcpReader):
     def _open(self):
         if self._files is None:
             root, cid = split_url(self.url)
-            self._files = _store(root).open(cid)
+            self._files = _store(root, self._storage_options).open(cid)
             self._crcs = {}
             manifest = self._files.manifest_json()
             if manifest is None:

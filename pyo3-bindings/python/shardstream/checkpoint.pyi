@@ -1,4 +1,5 @@
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from torch.distributed.checkpoint import Metadata
@@ -33,6 +34,7 @@ class StorageWriter(_DcpWriter):
         max_concurrent_requests: int | None = ...,
         step: int | None = ...,
         metadata: dict[str, Any] | None = ...,
+        storage_options: Mapping[str, Any] | None = ...,
     ) -> None: ...
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = ..., *args: Any, **kwargs: Any) -> None: ...
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None: ...
@@ -47,7 +49,12 @@ class StorageWriter(_DcpWriter):
 class StorageReader(_DcpReader):
     url: str
     load_id: str
-    def __init__(self, url: str | os.PathLike[str] | None = ...) -> None: ...
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | None = ...,
+        *,
+        storage_options: Mapping[str, Any] | None = ...,
+    ) -> None: ...
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = ..., *args: Any, **kwargs: Any) -> None: ...
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata: ...
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None: ...

@@ -23,6 +23,7 @@ from shardstream._epochs import EpochRecords
 from shardstream._groups import BatchGroup, approx_bytes, batches_per_group, grouping_in_this_process
 from shardstream._mosaic import MosaicParity, patch_mosaic_loader
 from shardstream._native import Buffer
+from shardstream._storage_options import option_pairs
 from shardstream._units import parse_bytes, parse_count
 from shardstream._world import Placement, in_dataloader_worker, iteration_seed, placement, worker_id
 from shardstream.streams import Stream, as_stream, path_text
@@ -252,6 +253,7 @@ class StreamingDataset(MosaicParity, _Base):  # type: ignore[misc,valid-type]
         prefetch_on_init: bool = True,
         replication: int | None = None,
         sampling_method: str = "balanced",
+        storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         remote, local, cache_root = path_text(remote), path_text(local), path_text(cache_root)
@@ -333,6 +335,7 @@ class StreamingDataset(MosaicParity, _Base):  # type: ignore[misc,valid-type]
             cache_limit=parse_bytes(cache_limit, "cache_limit"),
             validate_hash=bool(validate_hash),
             allow_unsafe_types=bool(allow_unsafe_types),
+            storage_options=option_pairs(storage_options),
         )
         self._native_ds: _native.NativeDataset | None = None
         self._native_pid: int | None = None

@@ -17,7 +17,10 @@ deterministic for a seed and resumable like a single dataset.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
+
+from shardstream._storage_options import option_pairs
 
 # Mosaic `Stream` arguments accepted for a one-line switch and not needed here: the engine has
 # its own retries, timeouts and hash checks (set on the dataset).
@@ -57,6 +60,7 @@ class Stream:
         proportion: float | None = None,
         repeat: float | None = None,
         choose: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         unknown = set(kwargs) - _IGNORED_STREAM_ARGS
@@ -81,6 +85,8 @@ class Stream:
         self.proportion = proportion
         self.repeat = repeat
         self.choose = choose
+        # Applied after the dataset's own storage_options (this stream's win).
+        self._storage_options = option_pairs(storage_options)
 
     @classmethod
     def _from_mosaic(cls, stream: Any) -> Stream:
@@ -96,17 +102,19 @@ class Stream:
             choose=getattr(stream, "_choose", None),
         )
 
-    def _native_spec(self) -> tuple[str, str | None, str, float]:
-        """`(dataset, split, weight kind, weight value)`: one entry of `NativeDataset`'s `streams` setting."""
+    def _native_spec(self) -> tuple[str, str | None, str, float, list[tuple[str, str]]]:
+        """`(dataset, split, weight kind, weight value, storage options)`: one entry of
+        `NativeDataset`'s `streams` setting."""
         where = self.remote if self.remote is not None else self.local
         assert where is not None  # checked in __init__
+        options = getattr(self, "_storage_options", [])
         if self.proportion is not None:
-            return (where, self.split, "proportion", float(self.proportion))
+            return (where, self.split, "proportion", float(self.proportion), options)
         if self.repeat is not None:
-            return (where, self.split, "repeat", float(self.repeat))
+            return (where, self.split, "repeat", float(self.repeat), options)
         if self.choose is not None:
-            return (where, self.split, "choose", float(self.choose))
-        return (where, self.split, "natural", 0.0)
+            return (where, self.split, "choose", float(self.choose), options)
+        return (where, self.split, "natural", 0.0, options)
 
     def __repr__(self) -> str:
         weight = ", ".join(f"{k}={v!r}" for k, v in (("proportion", self.proportion),

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
 from shardstream import _native
+from shardstream._storage_options import option_pairs
 from shardstream._units import parse_bytes
 
 
@@ -30,6 +31,7 @@ class ShardWriter:
         *,
         keep_local: bool = False,
         allow_unsafe_types: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if out is None or columns is None:
@@ -53,6 +55,7 @@ class ShardWriter:
             hashes=sorted(hashes) if hashes else None,
             size_limit=parse_bytes(size_limit, "size_limit") or None,
             allow_unsafe_types=allow_unsafe_types,
+            storage_options=option_pairs(storage_options),
         )
         self._finished = False
 

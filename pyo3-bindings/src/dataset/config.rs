@@ -47,6 +47,9 @@ pub(super) struct OpenConfig {
     pub(super) zero_copy: bool,
     #[pyo3(default = String::from("balanced"))]
     sampling_method: String,
+    /// `storage_options=` as `(name, value)` pairs (see [`crate::storage_options`]).
+    #[pyo3(default)]
+    storage_options: Vec<(String, String)>,
 }
 
 /// What the streamer opens: its settings, and the streams of a mix with the mix's epoch size.
@@ -83,6 +86,7 @@ impl OpenConfig {
             allow_unsafe_types: self.allow_unsafe_types,
             sampling,
             format: None,
+            storage_options: self.storage_options.into(),
         };
         let specs = self
             .streams
@@ -96,6 +100,7 @@ impl OpenConfig {
                 split: config.split.clone(),
                 weight: Weight::Natural,
                 location: None,
+                storage_options: Default::default(),
             }]),
             (specs, _) => specs,
         };
@@ -107,11 +112,12 @@ impl OpenConfig {
     }
 }
 
-/// One stream of a mix as Python passes it: `(remote, split, weight kind, weight value)`, the
-/// kind one of `natural`, `proportion`, `repeat`, `choose` (Mosaic's `Stream` arguments).
-type PyStream = (String, Option<String>, String, f64);
+/// One stream of a mix as Python passes it: `(remote, split, weight kind, weight value,
+/// storage options)`, the kind one of `natural`, `proportion`, `repeat`, `choose` (Mosaic's
+/// `Stream` arguments).
+type PyStream = (String, Option<String>, String, f64, Vec<(String, String)>);
 
-fn stream_spec((remote, split, kind, value): PyStream) -> PyResult<StreamSpec> {
+fn stream_spec((remote, split, kind, value, storage_options): PyStream) -> PyResult<StreamSpec> {
     let weight = match kind.as_str() {
         "natural" => Weight::Natural,
         "proportion" => Weight::Proportion(value),
@@ -135,6 +141,7 @@ fn stream_spec((remote, split, kind, value): PyStream) -> PyResult<StreamSpec> {
         split,
         weight,
         location: None,
+        storage_options: storage_options.into(),
     })
 }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use shardstream_identity::os_env;
+use shardstream_storage::named_options::{self, NamedOptions};
 use shardstream_storage::{Env, Location, StorageOptions};
 
 use crate::error::Result;
@@ -52,6 +53,9 @@ pub struct StreamingConfig {
     /// names or a brace pattern in the URL, or a folder of tars without `index.json`, are
     /// WebDataset; an `index.json` is MDS.
     pub format: Option<super::ShardFormat>,
+    /// Per-call storage options (endpoint, region, credentials...) by the names of
+    /// `shardstream_storage::named_options`; they apply to every stream, before a stream's own.
+    pub storage_options: NamedOptions,
 }
 
 impl StreamingConfig {
@@ -68,9 +72,15 @@ impl StreamingConfig {
 }
 
 /// Opens a dataset URL with the storage client's own retries clamped to the retry window, so
-/// that the two retry levels do not add up (see [`StreamingConfig::retry_window`]).
-pub(super) fn open_url(url: &str, retry_window: Duration) -> Result<Location> {
+/// that the two retry levels do not add up (see [`StreamingConfig::retry_window`]), and the
+/// per-call storage options applied.
+pub(super) fn open_url(
+    url: &str,
+    storage_options: &[(String, String)],
+    retry_window: Duration,
+) -> Result<Location> {
     let mut options = StorageOptions::default();
     options.retry.retry_timeout = options.retry.retry_timeout.min(retry_window);
+    let options = named_options::apply(url, storage_options, options)?;
     Ok(Location::open_with(url, &options, &Env::from_process())?)
 }

@@ -37,6 +37,9 @@ pub struct StreamSpec {
     pub weight: Weight,
     /// A location built by the caller (custom options, a test server); else `remote` is opened.
     pub location: Option<Location>,
+    /// Storage options of this stream, applied after the dataset's
+    /// ([`StreamingConfig::storage_options`](crate::StreamingConfig::storage_options)).
+    pub storage_options: shardstream_storage::named_options::NamedOptions,
 }
 
 /// The shards of the streams read so far.

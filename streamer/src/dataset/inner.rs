@@ -21,14 +21,21 @@ use crate::error::Result;
 use crate::memory::MemoryPlan;
 use crate::order::DatasetShape;
 
+/// How a stream opened by URL is opened again: URL, split, storage options.
+pub(crate) type Reopen = (
+    String,
+    Option<String>,
+    shardstream_storage::named_options::NamedOptions,
+);
+
 /// Shared state of a dataset (behind the `Arc` every stream and task holds).
 #[derive(Debug)]
 pub(crate) struct Inner {
     /// One per stream (a single dataset has one).
     pub locations: Vec<Location>,
-    /// How to open each stream's location again in a new process: `(url, split)` when the
-    /// dataset was opened by URL, `None` when the caller gave the location.
-    pub reopen: Vec<Option<(String, Option<String>)>>,
+    /// How to open each stream's location again in a new process: `(url, split, storage
+    /// options)` when the dataset was opened by URL, `None` when the caller gave the location.
+    pub reopen: Vec<Option<Reopen>>,
     pub index_json: Vec<u8>,
     pub columns: Vec<(String, String)>,
     pub shape: DatasetShape,
@@ -182,8 +189,8 @@ impl Inner {
             .iter()
             .zip(&self.reopen)
             .map(|(loc, again)| match again {
-                Some((url, split)) => {
-                    let fresh = open_url(url, self.retry_window())?;
+                Some((url, split, options)) => {
+                    let fresh = open_url(url, options, self.retry_window())?;
                     Ok(match split {
                         Some(split) => fresh.join(split)?,
                         None => fresh,

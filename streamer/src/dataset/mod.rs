@@ -93,8 +93,12 @@ impl StreamingDataset {
     /// the cache folder. Blocking.
     pub fn open(config: StreamingConfig) -> Result<Self> {
         let url = format::split_url(&config.remote)?;
-        let location = open_url(&url.root, config.retry_window())?;
-        let reopen = Some((url.root, config.split.clone()));
+        let location = open_url(&url.root, &config.storage_options, config.retry_window())?;
+        let reopen = Some((
+            url.root,
+            config.split.clone(),
+            config.storage_options.clone(),
+        ));
         let split = config.split.clone();
         Self::open_streams_at(
             config,
@@ -130,10 +134,17 @@ impl StreamingDataset {
             let (location, reopen, tars) = match spec.location {
                 Some(l) => (l, None, None),
                 None => {
+                    let options: shardstream_storage::named_options::NamedOptions = config
+                        .storage_options
+                        .iter()
+                        .chain(spec.storage_options.iter())
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .into();
                     let url = format::split_url(&spec.remote)?;
                     (
-                        open_url(&url.root, config.retry_window())?,
-                        Some((url.root, spec.split.clone())),
+                        open_url(&url.root, &options, config.retry_window())?,
+                        Some((url.root, spec.split.clone(), options)),
                         url.tars,
                     )
                 }
@@ -504,7 +515,7 @@ type Stream = (
     Location,
     Option<String>,
     Weight,
-    Option<(String, Option<String>)>,
+    Option<inner::Reopen>,
     Option<Vec<String>>,
 );
 
