@@ -140,6 +140,7 @@ fn litdata_mixes_with_mds_and_framed_zstd_is_refused() {
         split: None,
         weight: Weight::Natural,
         location: None,
+        storage_options: Default::default(),
     };
     let ds = StreamingDataset::open_streams(
         config(String::new(), cache.path()),

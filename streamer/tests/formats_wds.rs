@@ -239,6 +239,7 @@ fn mds_and_wds_streams_mix_each_with_its_own_schema() {
         split: None,
         weight: Weight::Natural,
         location: None,
+        storage_options: Default::default(),
     };
     let ds = StreamingDataset::open_streams(
         config(String::new(), cache.path()),
