@@ -7,7 +7,7 @@ cost from 10^4 to 10^8 samples.
    counting local S3 server (lib/s3server.py). N "nodes" run at once as separate processes:
    `shardstream stream s3://... --shuffle --num-nodes N --json`, each with its own cache root (a
    node's disk) and its node rank from SHARDSTREAM_NODE_RANK, the run id from SHARDSTREAM_RUN_ID,
-   as a pod gets them (DESIGN.md §4). Amplification = bytes fetched by all nodes ÷ the dataset's
+   as a pod gets them (docs/cache.md). Amplification = bytes fetched by all nodes ÷ the dataset's
    shard bytes, from the streamer's own counter (`fetch_bytes`) and, independently, from the
    bytes the server sent (less each node's one `index.json` GET). Steps, on the same caches:
    epoch 0 on N nodes (cold), epoch 1 on N nodes (caches kept), epoch 2 after a resize to M

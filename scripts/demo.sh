@@ -57,7 +57,7 @@ bash scripts/setup-venv.sh
 (cd pyo3-bindings && ../.venv/bin/maturin develop --profile dev --quiet)
 py=$PWD/.venv/bin/python
 
-# The node's cache: <cache-root>/<run-id>/<node-rank>/ (DESIGN.md section 4).
+# The node's cache: <cache-root>/<run-id>/<node-rank>/ (docs/cache.md).
 export SHARDSTREAM_CACHE_ROOT=$PWD/$work/cache SHARDSTREAM_RUN_ID=demo SHARDSTREAM_NODE_RANK=0
 
 echo "== stream one shuffled epoch into this node's cache"

@@ -1,4 +1,4 @@
-//! The node's cache folder, `<cache-root>/<run-id>/<node-rank>/` (DESIGN.md §4, the seeds'
+//! The node's cache folder, `<cache-root>/<run-id>/<node-rank>/` (docs/cache.md, the seeds'
 //! `/run1/{j}`), and the lease a run holds on it.
 //!
 //! Two files at the folder's top belong to the launcher (the streamer's own files sit beside

@@ -3,7 +3,7 @@
 //! give the values, in the order, that litdata's own `StreamingDataset` gives; malformed datasets
 //! give errors that name the file.
 //!
-//! Python comes from `SHARDSTREAM_PYTHON` (default `/work/main/.venv/bin/python`).
+//! Python comes from `SHARDSTREAM_PYTHON` (default: the workspace's `.venv/bin/python`).
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -127,7 +127,8 @@ print(json.dumps(res))
 "#;
 
 fn python() -> String {
-    std::env::var("SHARDSTREAM_PYTHON").unwrap_or_else(|_| "/work/main/.venv/bin/python".into())
+    std::env::var("SHARDSTREAM_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python").into())
 }
 
 /// Runs the Python file `script` with `args`, waiting at most [`PYTHON_DEADLINE`]; returns stdout.

@@ -1,7 +1,7 @@
 //! WebDataset interop with the real `webdataset` package: its writer → our reader, our writer → its
 //! `WebDataset` pipeline, gzipped shards, brace lists, and malformed tars.
 //!
-//! Python comes from `SHARDSTREAM_PYTHON` (default `/work/main/.venv/bin/python`).
+//! Python comes from `SHARDSTREAM_PYTHON` (default: the workspace's `.venv/bin/python`).
 
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,7 +22,8 @@ use shardstream_sharding::FormatError;
 const PYTHON_DEADLINE: Duration = Duration::from_secs(180);
 
 fn python() -> String {
-    std::env::var("SHARDSTREAM_PYTHON").unwrap_or_else(|_| "/work/main/.venv/bin/python".into())
+    std::env::var("SHARDSTREAM_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python").into())
 }
 
 /// Runs a Python script with `args`, waiting at most [`PYTHON_DEADLINE`]; returns stdout.

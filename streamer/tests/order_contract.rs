@@ -1,4 +1,4 @@
-//! The sample-order contract (DESIGN.md §4), checked through the public API against the naive
+//! The sample-order contract (docs/sample-order.md), checked through the public API against the naive
 //! reference "every sample exactly once, in one world-independent order":
 //! - all ranks together read every sample exactly once, plus fewer than `processes` marked
 //!   padding repeats, and every process reads the same number;

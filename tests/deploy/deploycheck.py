@@ -50,7 +50,7 @@ OWNER_LABEL = {
     ("kubeflow.org/v2beta1", "MPIJob"): "training.kubeflow.org/job-name",
 }
 
-# Metric names the dashboard may use: DESIGN.md §4 and the counters the crates export
+# Metric names the dashboard may use: docs/streaming.md (metrics) and the counters the crates export
 # (streamer cache/metrics.rs, checkpoint metrics.rs), plus DCGM's for the GPU overlay.
 KNOWN_METRICS = {
     "shardstream_fetch_bytes_total",

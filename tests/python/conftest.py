@@ -144,8 +144,8 @@ def ctrl_c():
 
 @pytest.fixture()
 def stream_env(tmp_path, monkeypatch):
-    """A run id and a cache root of the test's own for `shardstream.StreamingDataset` (DESIGN.md
-    §4: the dataset refuses to invent a run id). Returns the environment it set."""
+    """A run id and a cache root of the test's own for `shardstream.StreamingDataset` (docs/cache.md;
+    with one set, the dataset uses it instead of deriving one). Returns the environment it set."""
     env = {
         "SHARDSTREAM_RUN_ID": f"test-{os.getpid()}-{tmp_path.name}",
         "SHARDSTREAM_CACHE_ROOT": str(tmp_path / "cache-root"),

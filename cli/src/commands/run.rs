@@ -1,6 +1,6 @@
 //! `shardstream run`: the pod entrypoint wrapper around torchrun (docs/deploy.md).
 //!
-//! Resolves the run id and node rank (DESIGN.md §4), prepares and leases
+//! Resolves the run id and node rank (docs/cache.md), prepares and leases
 //! `<cache-root>/<run-id>/<node-rank>/`, mounts `--mount` datasets and waits until they are
 //! ready, runs the command with `SHARDSTREAM_RUN_ID`, `SHARDSTREAM_NODE_RANK` and
 //! `SHARDSTREAM_CACHE_DIR` exported, forwards `SIGTERM`/`SIGINT`/`SIGHUP` to it, kills it a grace

@@ -1,4 +1,4 @@
-//! Who am I: the run id and node rank that key the cache (DESIGN.md §4), and the process rank of
+//! Who am I: the run id and node rank that key the cache (docs/cache.md), and the process rank of
 //! a torchrun worker, read from the environment each launcher sets.
 //!
 //! Every launcher names things differently, and two of the names are traps:

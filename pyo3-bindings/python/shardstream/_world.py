@@ -1,6 +1,6 @@
 """Where this process sits in the job: nodes x processes per node x DataLoader workers.
 
-DESIGN.md §4: `torch.distributed` when it is initialized, else the `RANK`, `WORLD_SIZE`,
+docs/sample-order.md: `torch.distributed` when it is initialized, else the `RANK`, `WORLD_SIZE`,
 `LOCAL_RANK`, `LOCAL_WORLD_SIZE` environment that torchrun sets; a single process otherwise.
 DataLoader workers come from `torch.utils.data.get_worker_info()`.
 """

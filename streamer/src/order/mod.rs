@@ -10,7 +10,7 @@
 //! - [`EpochOrder::shards_needed`]: the shards a rank reads next, for prefetch.
 //! - [`StreamState`]: what a checkpoint stores to resume sample-exactly, with any world.
 //!
-//! The contract (DESIGN.md §4): the global order of `(dataset, config, epoch)` does not depend on
+//! The contract (docs/sample-order.md): the global order of `(dataset, config, epoch)` does not depend on
 //! the world; ranks read disjoint parts that together hold every sample exactly once (plus fewer
 //! than `processes` padding repeats); the order in which a job consumes samples is the global
 //! order, so `consumed` alone resumes it. `docs/sample-order.md` explains the choices and their
