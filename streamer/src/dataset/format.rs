@@ -226,9 +226,9 @@ fn open_litdata(location: &Location, json: Vec<u8>, allow_unsafe_types: bool) ->
     }
     let decoder = ItemDecoder::for_index(&index, allow_unsafe_types).ok_or_else(|| {
         refuse(format!(
-            "streaming LitData items of the {:?} item loader with compression {:?} at level \
-             {:?}; `shardstream convert` turns the dataset into MDS",
-            index.item_loader, index.compression, index.compression_level
+            "streaming LitData items of the {:?} item loader; `shardstream convert` turns the \
+             dataset into MDS",
+            index.item_loader
         ))
     })?;
     Ok(Opened::LitData(
