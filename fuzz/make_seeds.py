@@ -11,7 +11,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "seeds"
 work = Path(tempfile.mkdtemp(prefix="fuzz-seeds-"))
-for t in ["mds_index", "mds_shard", "wds_tar", "litdata_chunk", "litdata_index", "checkpoint_manifest"]:
+for t in ["mds_index", "mds_shard", "wds_tar", "litdata_chunk", "litdata_index", "litdata_framed", "checkpoint_manifest"]:
     (out / t).mkdir(parents=True, exist_ok=True)
 # MDS, written by Mosaic's own writer: plain and zstd, several encodings.
 from streaming import MDSWriter
@@ -45,6 +45,17 @@ for name, comp in [("plain", None), ("zstd", "zstd")]:
     shutil.copy(d / "index.json", out / "litdata_index" / f"{name}.json")
     chunk = sorted(p for p in d.iterdir() if p.name.startswith("chunk"))[0]
     shutil.copy(chunk, out / "litdata_chunk" / f"{name}-{chunk.name}")
+# A framed zstd chunk (litdata's default level for zstd; it frames chunks with array leaves).
+d = work / "lit-framed"
+d.mkdir(exist_ok=True)
+w = BinaryWriter(str(d), chunk_size=4, compression="zstd")
+for i in range(6):
+    w[i] = {"id": i, "arr": np.arange(3, dtype=np.float32) + i}
+w.done()
+w.merge()
+chunk = sorted(p for p in d.iterdir() if p.name.startswith("chunk"))[0]
+assert chunk.read_bytes().startswith(b"LDFZ01")
+shutil.copy(chunk, out / "litdata_framed" / f"framed-{chunk.name}")
 # A checkpoint manifest, written by shardstream's torch DCP writer.
 import torch, torch.distributed.checkpoint as dcp
 from shardstream.checkpoint import StorageWriter

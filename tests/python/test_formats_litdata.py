@@ -1,10 +1,11 @@
 """LitData datasets written by litdata's own writer (`BinaryWriter`, what `optimize` uses),
 streamed by shardstream where they lie: plain chunks, whole-file zstd chunks
-(`compression_level="chunk"`) and per-item zstd (`"sample"`); through a DataLoader with 2
-workers every sample equals what litdata's own `StreamingDataset` gives for it, and a
-state_dict taken mid-epoch resumes exactly. Framed zstd chunks (`"batch"`, litdata's default
-for `compression="zstd"`) are refused with a message that names them. Last, MDS + WebDataset +
-LitData streams mixed in one dataset, each sample decoded by its own stream's schema."""
+(`compression_level="chunk"`), per-item zstd (`"sample"`) and framed zstd chunks (`"batch"`,
+litdata's default for `compression="zstd"`, turned into the classic layout in the cache);
+through a DataLoader with 2 workers every sample equals what litdata's own `StreamingDataset`
+gives for it, and a state_dict taken mid-epoch resumes exactly. The same from an S3 server.
+Last, MDS + WebDataset + LitData streams mixed in one dataset, each sample decoded by its own
+stream's schema."""
 
 from __future__ import annotations
 
@@ -76,11 +77,20 @@ def _check(samples: list[dict], peer: dict[int, dict]) -> None:
         assert _same(s, peer[s["i"]]), f"{s} != litdata's {peer[s['i']]}"
 
 
+def _framed(root: str) -> bool:
+    first = sorted(f for f in os.listdir(root) if f.endswith(".bin"))[0]
+    with open(os.path.join(root, first), "rb") as f:
+        return f.read(8) == b"LDFZ01\0\0"
+
+
 @pytest.mark.parametrize("kw", [{}, {"compression": "zstd", "compression_level": "chunk"},
-                                {"compression": "zstd", "compression_level": "sample"}],
-                         ids=["plain", "zstd-chunk", "zstd-sample"])
+                                {"compression": "zstd", "compression_level": "sample"},
+                                {"compression": "zstd"}],
+                         ids=["plain", "zstd-chunk", "zstd-sample", "zstd-batch-default"])
 def test_litdata_streams_what_litdata_reads_and_resumes_exactly(kw, stream_env, tmp_path):
     root = _write(tmp_path / "lit", **kw)
+    # litdata's default level for zstd writes framed chunks.
+    assert _framed(root) == (kw == {"compression": "zstd"})
     # Ours first: litdata inflates whole-file zstd chunks in place when it reads them.
     ds = shardstream.StreamingDataset(local=root, shuffle=True, shuffle_seed=4, batch_size=BATCH)
     assert len(ds) == N
@@ -96,12 +106,6 @@ def test_litdata_streams_what_litdata_reads_and_resumes_exactly(kw, stream_env, 
     _check(straight, peer)
     # And after litdata's read (which replaced `.zstd.bin` chunks by their inflated copies).
     _check(list(shardstream.StreamingDataset(local=root, batch_size=BATCH)), peer)
-
-
-def test_framed_zstd_is_refused_by_name(stream_env, tmp_path):
-    root = _write(tmp_path / "lit", compression="zstd", compression_level="batch")
-    with pytest.raises(Exception, match="Batch"):
-        shardstream.StreamingDataset(local=root)
 
 
 def test_mds_wds_and_litdata_streams_mix(stream_env, tmp_path):
@@ -134,14 +138,16 @@ def test_mds_wds_and_litdata_streams_mix(stream_env, tmp_path):
     _check(from_lit, _peer(lit))
 
 
-def test_litdata_on_the_s3_server(stream_env, moto, monkeypatch, tmp_path):
+@pytest.mark.parametrize("level", ["chunk", None], ids=["zstd-chunk", "zstd-batch-default"])
+def test_litdata_on_the_s3_server(level, stream_env, moto, monkeypatch, tmp_path):
     import boto3
 
-    root = _write(tmp_path / "lit", compression="zstd", compression_level="chunk")
+    kw = {"compression_level": level} if level else {}
+    root = _write(tmp_path / "lit", compression="zstd", **kw)
     files = sorted(os.listdir(root))
     for k, v in moto.env.items():
         monkeypatch.setenv(k, v)
-    bucket = moto.create_bucket("lit-chunks")
+    bucket = moto.create_bucket(f"lit-chunks-{level or 'batch'}")
     s3 = boto3.client("s3", endpoint_url=moto.endpoint, aws_access_key_id="testing",
                       aws_secret_access_key="testing", region_name="us-east-1")
     for f in files:

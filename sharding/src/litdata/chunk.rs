@@ -3,9 +3,8 @@
 //!
 //! Classic layout (`writer.py:_create_chunk`): `u32 n | u32 offsets[n+1] | items`, offsets absolute.
 //! A PyTree item is `u32 size[leaves] | leaf bytes...`; a Tokens item is raw token bytes.
-//! Framed layout (`framed_zstd.py`, `compression_level="batch"`): `"LDFZ01\0\0" | u16 version |
-//! u16 flags | u32 n | u32 frame_rows | u32 n_frames | u32 offsets[n+1] (into the inflated items) |
-//! n_frames × {u32 first_item, u32 n_items, u64 offset, u32 compressed, u32 inflated} | frames`.
+//! Framed chunks (`compression_level="batch"`) are turned into the classic layout first, by
+//! [`super::framed`], the same transform the streamer applies into its cache.
 
 use std::borrow::Cow;
 use std::io::Read;
@@ -16,7 +15,6 @@ use super::serializers::{decode_leaf, token_dtype, tokens, LeafError, LeafFormat
 use crate::error::{FormatError, Result};
 use crate::value::{DType, Sample};
 
-const FRAMED_MAGIC: &[u8; 8] = b"LDFZ01\0\0";
 const ARROW_FOOTER_MAGIC: &[u8; 8] = b"LDARW01\0";
 
 /// How chunks are read.
@@ -92,13 +90,6 @@ fn inflate_into(src: &[u8], limit: u64, out: &mut Vec<u8>) -> std::result::Resul
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     let s = b.get(at..at.checked_add(4)?)?;
     Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    let s = b.get(at..at.checked_add(8)?)?;
-    let mut a = [0u8; 8];
-    a.copy_from_slice(s);
-    Some(u64::from_le_bytes(a))
 }
 
 impl LitDataChunk {
@@ -202,7 +193,7 @@ impl LitDataChunk {
             columns: index.columns.clone(),
             options: options.clone(),
         };
-        if data.starts_with(FRAMED_MAGIC) {
+        if super::framed::is_framed(&data) {
             chunk.parse_framed(data, info.chunk_size)?;
         } else if index.compression_level == CompressionLevel::Batch
             && index.compression.is_some()
@@ -267,85 +258,20 @@ impl LitDataChunk {
         Ok(ranges)
     }
 
+    /// A framed chunk turned into the classic layout ([`super::framed::to_classic`]), then read
+    /// as one.
     fn parse_framed(&mut self, data: Vec<u8>, expected: u64) -> Result<()> {
-        let field = |at: usize| u32_at(&data, at);
-        let (Some(vf), Some(n), Some(k), Some(n_frames)) =
-            (field(8), field(12), field(16), field(20))
-        else {
-            return Err(self.corrupt("truncated framed zstd header".into()));
-        };
-        let version = vf & 0xffff;
-        if version != 1 {
-            return Err(FormatError::Unsupported {
-                path: self.path.clone(),
-                what: format!("framed zstd chunk version {version}"),
-            });
-        }
-        if n == 0 || k == 0 || n_frames == 0 {
-            return Err(self.corrupt(format!(
-                "invalid framed zstd header n={n} frames={n_frames} k={k}"
-            )));
-        }
-        if u64::from(n) != expected {
-            return Err(self.corrupt(format!("holds {n} items, the index says {expected}")));
-        }
-        let offsets_end = 24 + 4 * (u64::from(n) + 1);
-        let table_end = offsets_end + 24 * u64::from(n_frames);
-        if table_end > data.len() as u64 {
-            return Err(self.corrupt("truncated framed zstd offset/frame table".into()));
-        }
-        let offsets: Vec<u64> = (0..=n as usize)
-            .map(|i| u64::from(field(24 + 4 * i).unwrap_or(0)))
-            .collect();
-        let mut logical = Vec::new();
-        let mut next_item = 0u64;
-        for f in 0..n_frames as usize {
-            let at = offsets_end as usize + 24 * f;
-            let (first, count, coff, clen, ulen) = (
-                u64::from(field(at).unwrap_or(0)),
-                u64::from(field(at + 4).unwrap_or(0)),
-                u64_at(&data, at + 8).unwrap_or(0),
-                u64::from(field(at + 16).unwrap_or(0)),
-                u64::from(field(at + 20).unwrap_or(0)),
-            );
-            let last = first + count;
-            let bad_frame = count == 0
-                || first != next_item
-                || last > u64::from(n)
-                || coff < table_end
-                || coff.saturating_add(clen) > data.len() as u64;
-            if bad_frame {
-                return Err(self.corrupt(format!("framed zstd frame {f} is invalid or truncated")));
-            }
-            let (lo, hi) = (offsets[first as usize], offsets[last as usize]);
-            if lo != logical.len() as u64 || hi < lo || hi - lo != ulen {
-                return Err(self.corrupt(format!(
-                    "framed zstd frame {f}: {ulen} inflated bytes do not match item offsets {lo}..{hi}"
-                )));
-            }
-            let src = &data[coff as usize..(coff + clen) as usize];
-            let raw = inflate(src, ulen.min(self.options.max_inflated_size)).map_err(|reason| {
-                FormatError::Decompress {
-                    path: format!("{} (frame {f})", self.path),
-                    algorithm: "zstd".into(),
-                    reason,
-                }
-            })?;
-            if raw.len() as u64 != ulen {
-                return Err(self.corrupt(format!(
-                    "framed zstd frame {f} inflated to {} bytes, expected {ulen}",
-                    raw.len()
-                )));
-            }
-            logical.extend_from_slice(&raw);
-            next_item = last;
-        }
-        if next_item != u64::from(n) {
-            return Err(self.corrupt(format!("framed zstd frames cover {next_item} of {n} items")));
-        }
-        self.ranges = self.ranges_from(&offsets, 0, logical.len() as u64)?;
-        self.data = logical;
-        Ok(())
+        let mut classic = Vec::new();
+        super::framed::to_classic(
+            &self.path,
+            &mut &data[..],
+            data.len() as u64,
+            self.options.max_inflated_size,
+            &mut classic,
+            &mut |_| {},
+        )?;
+        drop(data);
+        self.parse_classic(classic, expected)
     }
 
     /// Items in the chunk.
@@ -556,12 +482,11 @@ pub struct ItemDecoder {
 }
 
 impl ItemDecoder {
-    /// The decoder of `index`'s items; `None` when its items are not PyTree items in a classic
-    /// or per-item zstd chunk (tokens, framed `batch` chunks, other loaders).
+    /// The decoder of `index`'s items; `None` when they are not PyTree items (tokens, other
+    /// loaders). Items of framed `batch` chunks are read from their classic form
+    /// ([`super::framed`]), so they decode as plain items.
     pub fn for_index(index: &LitDataIndex, allow_unsafe_types: bool) -> Option<ItemDecoder> {
-        if index.item_loader != ItemLoader::PyTree
-            || (index.compression.is_some() && index.compression_level == CompressionLevel::Batch)
-        {
+        if index.item_loader != ItemLoader::PyTree {
             return None;
         }
         Some(ItemDecoder {

@@ -49,6 +49,7 @@
 //! ```
 
 mod chunk;
+pub mod framed;
 mod index;
 mod nested_json;
 mod serializers;

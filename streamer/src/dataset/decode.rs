@@ -2,7 +2,9 @@
 //!
 //! zstd and gzip are decoded as a stream from the complete compressed file, and the output's
 //! complete prefix is published as it grows, so samples are served before the shard is fully
-//! decompressed. Other algorithms are decoded in memory.
+//! decompressed. Other algorithms are decoded in memory. A framed zstd LitData chunk is turned
+//! into the classic chunk layout (`shardstream_sharding::litdata::framed`), also as a stream:
+//! its header and offset table first, then its frames inflated one after another.
 //!
 //! Memory: everything the decoder holds is charged to the budget first ([`decoder_bytes`]):
 //! the input buffer, the copy buffer, and for zstd the window the frame header declares (the
@@ -97,6 +99,8 @@ pub(crate) struct Job<'a> {
     pub stored_size: u64,
     pub dst: &'a Path,
     pub raw_size: u64,
+    /// The stored file is a framed zstd LitData chunk, to turn into the classic layout.
+    pub framed: bool,
     /// The shard, for messages.
     pub what: &'a str,
     /// Advanced as the output's prefix grows.
@@ -112,6 +116,7 @@ pub(crate) fn decompress(job: Job<'_>, budget: &Budget) -> Result<()> {
         stored_size,
         dst,
         raw_size,
+        framed,
         what,
         progress,
     } = job;
@@ -133,6 +138,28 @@ pub(crate) fn decompress(job: Job<'_>, budget: &Budget) -> Result<()> {
         .map_err(io("open"))?;
     let label = || format!("decompressing {what}");
     let written = match algorithm {
+        Algorithm::Zstd if framed => {
+            // The tables (at most the stored file) are held while the frames inflate.
+            let charge = decoder_bytes(algorithm, &[], stored_size, raw_size) + stored_size;
+            let _lease = budget.acquire_blocking(&label, charge)?;
+            let mut reader =
+                BufReader::with_capacity(INPUT_BUFFER.min(stored_size.max(1)) as usize, input);
+            // Unbuffered writes (the header, then up to 64 KiB at a time): what is published
+            // has reached the file.
+            let mut publish = |written: u64| {
+                if let Some(p) = progress {
+                    p.advance(written.min(raw_size), written >= raw_size);
+                }
+            };
+            shardstream_sharding::litdata::framed::to_classic(
+                what,
+                &mut reader,
+                stored_size,
+                raw_size,
+                &mut out,
+                &mut publish,
+            )?
+        }
         Algorithm::Zstd | Algorithm::Gzip => {
             let charge = decoder_bytes(algorithm, head, stored_size, raw_size);
             let _lease = budget.acquire_blocking(&label, charge)?;

@@ -595,7 +595,7 @@ async fn fill_raw(
     };
     let tmp = raw.tmp_path().to_path_buf();
     let what = src.name.clone();
-    let (raw_size, stored_size) = (src.raw_size, src.stored_size);
+    let (raw_size, stored_size, framed) = (src.raw_size, src.stored_size, src.framed);
     let budget = ps.budget.clone();
     let result = blocking(move || {
         let path = stored.path();
@@ -612,6 +612,7 @@ async fn fill_raw(
             stored_size,
             dst: &tmp,
             raw_size,
+            framed,
             what: &what,
             progress: progress.as_deref(),
         };

@@ -10,8 +10,12 @@
 //!   count, u32 offsets, items), each PyTree item a u32 size per leaf then the leaves, so it is
 //!   read as an MDS shard is; whole-file zstd chunks (`compression_level="chunk"`) are inflated
 //!   into the cache as compressed MDS shards are, per-item zstd (`"sample"`) items are inflated
-//!   when decoded. Framed (`"batch"`) chunks, token and other loaders, and encrypted datasets
-//!   are refused with a message naming what (the CLI converts them to MDS).
+//!   when decoded. Framed chunks (`"batch"`, litdata's default for zstd) are turned into the
+//!   classic layout in the cache by the decompression step
+//!   (`shardstream_sharding::litdata::framed`); the index records only their framed size, so
+//!   the classic size is read from each chunk's header at open ([`framed_classic_size`]). Token
+//!   and other loaders, and encrypted datasets, are refused with a message naming what (the
+//!   CLI converts them to MDS).
 //!
 //! WebDataset sample counts: the order works on samples per shard, and a tar records none.
 //! Each tar is scanned once at open (member headers; a `.tar.gz` is inflated on the way, data
@@ -27,6 +31,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use shardstream_sharding::litdata::framed::{self, FramedPrefix, PREFIX_BYTES};
 use shardstream_sharding::litdata::{ItemDecoder, LitDataIndex};
 use shardstream_sharding::mds::{Columns, Index};
 use shardstream_storage::{Location, StorageError};
@@ -198,7 +203,8 @@ pub(crate) fn open_stream(
 }
 
 /// A LitData index, checked for what the engine reads: PyTree items in classic chunks, plain,
-/// zstd-compressed whole (`compression_level="chunk"`) or item by item (`"sample"`).
+/// zstd-compressed whole (`compression_level="chunk"`), item by item (`"sample"`) or in framed
+/// batches of items (`"batch"`).
 fn open_litdata(location: &Location, json: Vec<u8>, allow_unsafe_types: bool) -> Result<Opened> {
     let name = location.url_of("index.json");
     let index = LitDataIndex::parse(&name, &json)?;
@@ -220,9 +226,9 @@ fn open_litdata(location: &Location, json: Vec<u8>, allow_unsafe_types: bool) ->
     }
     let decoder = ItemDecoder::for_index(&index, allow_unsafe_types).ok_or_else(|| {
         refuse(format!(
-            "streaming LitData items of the {:?} item loader with compression {:?} at level \
-             {:?}; `shardstream convert` turns the dataset into MDS",
-            index.item_loader, index.compression, index.compression_level
+            "streaming LitData items of the {:?} item loader; `shardstream convert` turns the \
+             dataset into MDS",
+            index.item_loader
         ))
     })?;
     Ok(Opened::LitData(
@@ -251,6 +257,76 @@ pub(crate) fn stored_size(location: &Location, rel: &str) -> Result<u64> {
     runtime()?
         .block_on(location.head(rel))
         .map(|o| o.size)
+        .map_err(|e| match e {
+            StorageError::NotFound { url } => StreamerError::NotFound { what: url },
+            e => e.into(),
+        })
+}
+
+/// Bytes read from the start of a LitData chunk to size it: the prefix and, for up to about a
+/// thousand items, the last offset too (one read).
+const FRAMED_HEAD: u64 = 4096;
+
+/// The classic size of LitData chunk `rel` (`stored` bytes, `items` items, `name` in messages)
+/// when it is a framed zstd chunk; `None` when it is not (litdata leaves some chunks of a
+/// `"batch"` dataset unframed). Framed chunks record only their framed size in the index, and
+/// the cache must know the inflated size before it reserves room for it: the prefix and the
+/// last relative offset give it exactly (`4 + 4(n+1) + offsets[n]`), at one read of the first
+/// bytes (two past about a thousand items), a ranged GET each when remote.
+pub(crate) fn framed_classic_size(
+    location: &Location,
+    rel: &str,
+    name: &str,
+    stored: u64,
+    items: u64,
+) -> Result<Option<u64>> {
+    let head = read_range(location, rel, 0..stored.min(FRAMED_HEAD))?;
+    if !framed::is_framed(&head) {
+        return Ok(None);
+    }
+    if (head.len() as u64) < PREFIX_BYTES {
+        return Err(corrupt(name, "framed zstd header truncated".into()));
+    }
+    let prefix = FramedPrefix::parse(name, &head)?;
+    let at = prefix.last_offset_at();
+    let end = at + 4;
+    if end > stored {
+        return Err(corrupt(
+            name,
+            format!("framed zstd offsets end at byte {end}, past the file's {stored}"),
+        ));
+    }
+    let last = match usize::try_from(at).ok().and_then(|a| head.get(a..a + 4)) {
+        Some(b) => b.to_vec(),
+        None => read_range(location, rel, at..end)?,
+    };
+    let last = match last.as_slice() {
+        [a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+        _ => return Err(corrupt(name, "framed zstd offsets end early".into())),
+    };
+    Ok(Some(framed::classic_size(
+        name, &head, last, stored, items,
+    )?))
+}
+
+/// Bytes `range` of `rel`: a read of the local file, or a ranged GET.
+fn read_range(location: &Location, rel: &str, range: Range<u64>) -> Result<Vec<u8>> {
+    if let Some(path) = location.local_path(rel)? {
+        use std::os::unix::fs::FileExt;
+        let io_error = |op, source| StreamerError::Io {
+            op,
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::File::open(&path).map_err(|e| io_error("open", e))?;
+        let mut buf = vec![0u8; (range.end - range.start) as usize];
+        file.read_exact_at(&mut buf, range.start)
+            .map_err(|e| io_error("read", e))?;
+        return Ok(buf);
+    }
+    runtime()?
+        .block_on(location.get_range(rel, range))
+        .map(|b| b.to_vec())
         .map_err(|e| match e {
             StorageError::NotFound { url } => StreamerError::NotFound { what: url },
             e => e.into(),

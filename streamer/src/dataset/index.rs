@@ -12,11 +12,11 @@ use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
 
 use super::config::StreamingConfig;
-use super::format::{stored_size, LitFields, ShardSchema, TarShard};
+use super::format::{framed_classic_size, stored_size, LitFields, ShardSchema, TarShard};
 use crate::cache::{read_index_copy, remove_index_copy, save_index_copy, ExpectedHash};
 use crate::error::{Result, StreamerError};
 use crate::order::Weight;
-use shardstream_sharding::litdata::LitDataIndex;
+use shardstream_sharding::litdata::{CompressionLevel, LitDataIndex};
 
 /// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
 #[derive(Debug)]
@@ -114,6 +114,7 @@ impl Loaded {
                 stored_size: stored.bytes,
                 stored_hash: hash(stored),
                 algorithm,
+                framed: false,
                 raw_size: info.raw_data.bytes,
                 raw_hash: hash(&info.raw_data),
                 local_raw: raw_local.filter(|_| in_place),
@@ -164,6 +165,7 @@ impl Loaded {
                 stored_size: tar.stored,
                 stored_hash: None,
                 algorithm,
+                framed: false,
                 raw_size: tar.raw,
                 raw_hash: None,
                 local_raw: local.clone().filter(|_| in_place && !tar.gzip),
@@ -183,8 +185,9 @@ impl Loaded {
 impl Loaded {
     /// Adds a LitData stream from its index; returns its per-chunk sample counts. A chunk is
     /// read as an MDS shard (the same layout); a whole-file zstd chunk is inflated into the
-    /// cache to the `chunk_bytes` its index records. Stored sizes come from the files (a stat,
-    /// or a HEAD per chunk when remote), not from the index.
+    /// cache to the `chunk_bytes` its index records, a framed one (`"batch"`) turned into the
+    /// classic layout there, of the size its header gives ([`framed_classic_size`]). Stored
+    /// sizes come from the files (a stat, or a HEAD per chunk when remote), not from the index.
     pub(super) fn add_lit_stream(
         &mut self,
         config: &StreamingConfig,
@@ -195,6 +198,8 @@ impl Loaded {
     ) -> Result<Vec<u64>> {
         let in_place = location.local_root().is_some() && !config.copy_local;
         let whole_zstd = index.whole_file_zstd();
+        let batch =
+            index.compression.is_some() && index.compression_level == CompressionLevel::Batch;
         let mut counts = Vec::with_capacity(index.chunks.len());
         for chunk in &index.chunks {
             // litdata reading a local dataset inflates `chunk-R-I.zstd.bin` in place into
@@ -211,7 +216,17 @@ impl Loaded {
             let whole_zstd = whole_zstd && inflated.is_none();
             let rel = inflated.as_ref().unwrap_or(&chunk.filename);
             let stored = stored_size(location, rel)?;
-            let raw = match (whole_zstd, chunk.chunk_bytes) {
+            let local = location.local_path(rel)?;
+            let name: Arc<str> = match &local {
+                Some(p) => Arc::from(p.display().to_string()),
+                None => Arc::from(location.url_of(rel)),
+            };
+            let framed = match batch {
+                true => framed_classic_size(location, rel, &name, stored, chunk.chunk_size)?,
+                false => None,
+            };
+            let whole_zstd = whole_zstd || framed.is_some();
+            let raw = match (whole_zstd, framed.or(chunk.chunk_bytes)) {
                 (false, _) => stored,
                 (true, Some(bytes)) => bytes,
                 (true, None) => {
@@ -222,11 +237,6 @@ impl Loaded {
                         ),
                     ))
                 }
-            };
-            let local = location.local_path(rel)?;
-            let name: Arc<str> = match &local {
-                Some(p) => Arc::from(p.display().to_string()),
-                None => Arc::from(location.url_of(rel)),
             };
             let cached = match (in_place, whole_zstd) {
                 (true, false) => 0,
@@ -242,6 +252,7 @@ impl Loaded {
                 stored_size: stored,
                 stored_hash: None,
                 algorithm: whole_zstd.then_some(Algorithm::Zstd),
+                framed: framed.is_some(),
                 raw_size: raw,
                 raw_hash: None,
                 local_raw: local.clone().filter(|_| in_place && !whole_zstd),
@@ -356,6 +367,9 @@ pub(crate) struct ShardSource {
     pub stored_hash: Option<ExpectedHash>,
     /// Set when the stored file must be decompressed.
     pub algorithm: Option<Algorithm>,
+    /// The stored file is a framed zstd LitData chunk (`algorithm` is zstd): decompressing it
+    /// turns it into the classic chunk layout (`shardstream_sharding::litdata::framed`).
+    pub framed: bool,
     pub raw_size: u64,
     pub raw_hash: Option<ExpectedHash>,
     /// The decompressed file, when it is local and read in place.
