@@ -18,6 +18,7 @@ mod path_safety;
 mod run;
 mod run_restart;
 mod run_torchrun;
+mod secrets;
 mod s3;
 mod shard;
 mod simulate;
