@@ -1,5 +1,7 @@
 //! Datasets written by the real peers (`webdataset`, `litdata`) through the workspace's Python,
-//! and what those peers' files hold, for the format tests of both views.
+//! and what those peers' files hold, for the format tests of both views (also included by
+//! `cli/tests/mount_formats.rs`, which uses part of it).
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
