@@ -13,6 +13,7 @@ mod cache_gc;
 mod ckpt;
 mod manners;
 mod mount;
+mod mount_formats;
 mod mount_pod;
 mod path_safety;
 mod run;

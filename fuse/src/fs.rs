@@ -2,13 +2,16 @@
 //! [`DatasetSource`]. The `fuser` adapter only translates these calls and their errors.
 //!
 //! Layout:
-//! - `shards/index.json` and `shards/<basename>` for every shard, decompressed (the index's
-//!   `raw_data` names and sizes, so `shards/` is itself a readable uncompressed MDS dataset);
-//! - `samples/`: one file per sample and column, `<index>.<column>.<ext>`; or, for datasets made
-//!   from a folder of files or an ImageFolder tree, the original relative paths.
+//! - `shards/index.json` (when the dataset has one) and `shards/<name>` for every shard,
+//!   decompressed: an MDS index's `raw_data` names and sizes (so `shards/` is itself a readable
+//!   uncompressed MDS dataset), or for other formats the source's shard listing
+//!   ([`DatasetSource::listing`]: WebDataset tars, LitData chunks);
+//! - `samples/`: one file per sample and field, `<index>.<field>[.<ext>]`; for MDS the field is
+//!   the column, for WebDataset the member's name `<key>.<ext>`, for LitData the leaf; or, for
+//!   MDS datasets made from a folder of files or an ImageFolder tree, the original relative paths.
 //!
-//! Every lookup and every directory listing is answered from the index and from per-shard
-//! layouts held in memory; nothing lists the object store.
+//! Every lookup and every directory listing is answered from the index (or the listing) and
+//! from per-shard layouts held in memory; nothing lists the object store.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -21,7 +24,9 @@ use shardstream_sharding::safe_path::check_relative;
 
 use crate::error::{FsError, Result};
 use crate::layout::ShardLayout;
-use crate::names::{column_file_names, parse_index, sample_file_name, Naming};
+use crate::names::{
+    column_file_names, escape_column, extension, parse_index, sample_file_name, Naming,
+};
 use crate::readahead::Readahead;
 use crate::source::{DatasetSource, ShardData};
 use crate::tree::{Node, Tree};
@@ -118,6 +123,22 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
+/// What `shards/` and the sample order need of one shard.
+#[derive(Debug, Clone, Copy)]
+struct ShardEntry {
+    /// Decompressed bytes, as served.
+    bytes: u64,
+    samples: u64,
+}
+
+/// A file of `samples/` that is a known part of a shard (path-named and listed samples).
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    shard: usize,
+    base: u64,
+    len: u64,
+}
+
 #[derive(Debug)]
 enum ShardLeaf {
     Index,
@@ -147,6 +168,8 @@ enum Span {
         sample: u64,
         column: usize,
     },
+    /// A part of a shard whose place is known (a file of a path or listed tree).
+    Part(Part),
 }
 
 /// Whether an open file can be read by the kernel from a plain file: see
@@ -173,7 +196,7 @@ struct OpenFile {
 pub struct DatasetFs {
     source: Arc<dyn DatasetSource>,
     config: FsConfig,
-    index: Index,
+    shards: Vec<ShardEntry>,
     columns: Vec<(String, String)>,
     /// Each column's part of its `samples/` file names, `None` for one left out (see
     /// [`column_file_names`]).
@@ -183,7 +206,7 @@ pub struct DatasetFs {
     starts: Vec<u64>,
     naming: Naming,
     shard_tree: Tree<ShardLeaf>,
-    path_tree: Mutex<Option<Arc<Tree<u64>>>>,
+    path_tree: Mutex<Option<Arc<Tree<Part>>>>,
     layouts: RwLock<HashMap<usize, Arc<ShardLayout>>>,
     open: RwLock<HashMap<u64, Arc<OpenFile>>>,
     next_fh: AtomicU64,
@@ -203,7 +226,7 @@ struct Pending {
 impl std::fmt::Debug for DatasetFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetFs")
-            .field("shards", &self.index.shards.len())
+            .field("shards", &self.shards.len())
             .field("samples", &self.num_samples())
             .field("naming", &self.naming)
             .finish_non_exhaustive()
@@ -241,6 +264,47 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl DatasetFs {
     /// Builds the filesystem from the source's index; fetches nothing.
     pub fn new(source: Arc<dyn DatasetSource>, config: FsConfig) -> Result<DatasetFs> {
+        match source.listing() {
+            Some(listing) => Self::from_listing(source, config, &listing),
+            None => Self::from_mds_index(source, config),
+        }
+    }
+
+    /// A dataset of another format than MDS: its shards from the source's listing, its
+    /// `samples/` named after each sample's fields ([`Naming::Listed`]).
+    fn from_listing(
+        source: Arc<dyn DatasetSource>,
+        config: FsConfig,
+        listing: &[shardstream_streamer::dataset::ShardInfo],
+    ) -> Result<DatasetFs> {
+        let mut shard_tree = Tree::default();
+        if !source.index_json().is_empty() {
+            shard_tree.insert("index.json", ShardLeaf::Index);
+        }
+        let mut shards = Vec::with_capacity(listing.len());
+        for (i, info) in listing.iter().enumerate() {
+            shards.push(ShardEntry {
+                bytes: info.raw_bytes,
+                samples: info.samples,
+            });
+            let name = info.raw_file();
+            check_relative("listing", &name)?;
+            if !names_fit(&name) || !shard_tree.insert(&name, ShardLeaf::Shard(i)) {
+                tracing::warn!(shard = i, name = %name, "shard name too long or taken; shard left out of shards/");
+            }
+        }
+        Self::build(
+            source,
+            config,
+            shards,
+            shard_tree,
+            Vec::new(),
+            Vec::new(),
+            false,
+        )
+    }
+
+    fn from_mds_index(source: Arc<dyn DatasetSource>, config: FsConfig) -> Result<DatasetFs> {
         let index = Index::from_json("index.json", source.index_json())?;
         let mut columns = Vec::new();
         let mut fixed = Vec::new();
@@ -267,18 +331,9 @@ impl DatasetFs {
                 ));
             }
         }
-        let mut starts = Vec::with_capacity(index.shards.len() + 1);
-        let mut total = 0u64;
         let mut shard_tree = Tree::default();
         shard_tree.insert("index.json", ShardLeaf::Index);
         for (i, shard) in index.shards.iter().enumerate() {
-            starts.push(total);
-            total = total.checked_add(shard.samples).ok_or_else(|| {
-                FsError::Index(shardstream_sharding::FormatError::invalid_index(
-                    "index.json",
-                    "the shards hold more than 2^64 samples",
-                ))
-            })?;
             let name = &shard.raw_data.basename;
             check_relative("index.json", name)?;
             if !names_fit(name) {
@@ -293,6 +348,39 @@ impl DatasetFs {
                     ),
                 ));
             }
+        }
+        let shards = index
+            .shards
+            .iter()
+            .map(|s| ShardEntry {
+                bytes: s.raw_data.bytes,
+                samples: s.samples,
+            })
+            .collect();
+        Self::build(source, config, shards, shard_tree, columns, fixed, true)
+    }
+
+    /// The filesystem over `shards`; `columns` and `fixed` are an MDS index's when `mds`.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        source: Arc<dyn DatasetSource>,
+        config: FsConfig,
+        shards: Vec<ShardEntry>,
+        shard_tree: Tree<ShardLeaf>,
+        columns: Vec<(String, String)>,
+        fixed: Vec<Option<u64>>,
+        mds: bool,
+    ) -> Result<DatasetFs> {
+        let mut starts = Vec::with_capacity(shards.len() + 1);
+        let mut total = 0u64;
+        for shard in &shards {
+            starts.push(total);
+            total = total.checked_add(shard.samples).ok_or_else(|| {
+                FsError::Index(shardstream_sharding::FormatError::invalid_index(
+                    "index.json",
+                    "the shards hold more than 2^64 samples",
+                ))
+            })?;
         }
         starts.push(total);
         // Every sample file needs an inode above SAMPLE_BASE.
@@ -311,30 +399,27 @@ impl DatasetFs {
                 ),
             ));
         }
-        let naming = Naming::detect(&columns, total, config.by_path);
+        let naming = match mds {
+            true => Naming::detect(&columns, total, config.by_path),
+            false => Naming::Listed {
+                width: total.saturating_sub(1).to_string().len(),
+            },
+        };
         let column_files = match naming {
             Naming::ByIndex { width } => column_file_names(&columns, width),
-            Naming::ByPath { .. } => Vec::new(),
+            Naming::ByPath { .. } | Naming::Listed { .. } => Vec::new(),
         };
-        let max_shard = index
-            .shards
-            .iter()
-            .map(|s| s.raw_data.bytes)
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let max_shard = shards.iter().map(|s| s.bytes).max().unwrap_or(0).max(1);
         // Read-ahead and kept-open shards share half the budget; readers keep the rest.
         let budget_shards = source.readahead_budget().map_or(usize::MAX, |b| {
             usize::try_from(b / 2 / max_shard).unwrap_or(usize::MAX)
         });
-        let readahead = Readahead::new(
-            config.max_readahead_shards.min(budget_shards),
-            index.shards.len(),
-        );
+        let readahead =
+            Readahead::new(config.max_readahead_shards.min(budget_shards), shards.len());
         let mut config = config;
         config.keep_open_shards = config.keep_open_shards.min(budget_shards);
         tracing::info!(
-            shards = index.shards.len(),
+            shards = shards.len(),
             samples = total,
             ?naming,
             readahead_cap = readahead.cap(),
@@ -344,7 +429,7 @@ impl DatasetFs {
         Ok(DatasetFs {
             source,
             config,
-            index,
+            shards,
             columns,
             column_files,
             fixed,
@@ -481,7 +566,7 @@ impl DatasetFs {
         let ahead = self.readahead.touch(shard);
         self.readahead.spawn_fetch(Arc::clone(&self.source), ahead);
         let data = self.fetch(shard)?;
-        let expected = self.index.shards[shard].raw_data.bytes;
+        let expected = self.shards[shard].bytes;
         if data.len() != expected {
             return Err(FsError::Corrupt {
                 shard,
@@ -597,7 +682,7 @@ impl DatasetFs {
         let layout = Arc::new(ShardLayout::read(
             shard,
             data.as_ref(),
-            self.index.shards[shard].samples,
+            self.shards[shard].samples,
             &self.fixed,
         )?);
         self.layouts
@@ -629,19 +714,81 @@ impl DatasetFs {
         }
     }
 
-    /// The tree of original paths, built on first use by reading every shard's path column.
-    fn path_tree(&self) -> Result<Arc<Tree<u64>>> {
-        let Naming::ByPath { path_column, .. } = self.naming else {
-            return Ok(Arc::new(Tree::default()));
-        };
+    /// The tree of `samples/` for path and listed naming, built on first use: by reading
+    /// every shard's path column, or from the source's listing of every shard's samples.
+    fn path_tree(&self) -> Result<Arc<Tree<Part>>> {
         let mut slot = lock(&self.path_tree);
         if let Some(tree) = slot.as_ref() {
             return Ok(Arc::clone(tree));
         }
         let started = std::time::Instant::now();
+        let (tree, skipped) = match self.naming {
+            Naming::ByPath {
+                path_column,
+                data_column,
+            } => self.build_path_tree(path_column, data_column)?,
+            Naming::Listed { width } => self.build_listed_tree(width)?,
+            Naming::ByIndex { .. } => (Tree::default(), 0),
+        };
+        tracing::info!(
+            entries = tree.len(),
+            skipped,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "built the samples/ tree"
+        );
+        let tree = Arc::new(tree);
+        *slot = Some(Arc::clone(&tree));
+        Ok(tree)
+    }
+
+    /// `samples/` of a listed dataset: `<index>.<field name>[.<ext>]` for every field of
+    /// every sample (a `/` in a member's name escaped as `%2F`, as column names are).
+    fn build_listed_tree(&self, width: usize) -> Result<(Tree<Part>, u64)> {
         let mut tree = Tree::default();
         let mut skipped = 0u64;
-        for shard in 0..self.index.shards.len() {
+        for shard in 0..self.shards.len() {
+            let samples = self.source.sample_files(shard)?;
+            if samples.len() as u64 != self.shards[shard].samples {
+                return Err(FsError::Corrupt {
+                    shard,
+                    reason: format!(
+                        "{} samples listed, the dataset counted {}",
+                        samples.len(),
+                        self.shards[shard].samples
+                    ),
+                });
+            }
+            for (local, files) in samples.iter().enumerate() {
+                let sample = self.starts[shard] + local as u64;
+                for file in files {
+                    let name = match &file.encoding {
+                        Some(enc) => format!(
+                            "{sample:0width$}.{}.{}",
+                            escape_column(&file.name),
+                            extension(enc)
+                        ),
+                        None => format!("{sample:0width$}.{}", escape_column(&file.name)),
+                    };
+                    let part = Part {
+                        shard,
+                        base: file.range.start,
+                        len: file.range.end.saturating_sub(file.range.start),
+                    };
+                    if !(names_fit(&name) && tree.insert(&name, part)) {
+                        skipped += 1;
+                        tracing::warn!(sample, name = %name, "file name too long or taken; left out of samples/");
+                    }
+                }
+            }
+        }
+        Ok((tree, skipped))
+    }
+
+    /// `samples/` by original paths: the `path` column of every sample names its data column.
+    fn build_path_tree(&self, path_column: usize, data_column: usize) -> Result<(Tree<Part>, u64)> {
+        let mut tree = Tree::default();
+        let mut skipped = 0u64;
+        for shard in 0..self.shards.len() {
             let data = self.shard_data(shard)?;
             let layout = self.layout(shard)?;
             for local in 0..layout.len() {
@@ -659,8 +806,11 @@ impl DatasetFs {
                     .then(|| std::str::from_utf8(&buf[..n]).ok())
                     .flatten()
                     .filter(|p| check_relative("samples", p).is_ok() && names_fit(p));
-                match usable {
-                    Some(path) if tree.insert(path, sample) => {}
+                let part = layout
+                    .column_range(local, data_column)
+                    .map(|(base, len)| Part { shard, base, len });
+                match (usable, part) {
+                    (Some(path), Some(part)) if tree.insert(path, part) => {}
                     _ => {
                         skipped += 1;
                         tracing::warn!(
@@ -671,15 +821,7 @@ impl DatasetFs {
                 }
             }
         }
-        tracing::info!(
-            entries = tree.len(),
-            skipped,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "built the samples/ path tree"
-        );
-        let tree = Arc::new(tree);
-        *slot = Some(Arc::clone(&tree));
-        Ok(tree)
+        Ok((tree, skipped))
     }
 
     fn attr_of(&self, target: Target, ino: u64) -> Result<Attr> {
@@ -691,22 +833,15 @@ impl DatasetFs {
                     Ok(self.file_attr(ino, self.source.index_json().len() as u64))
                 }
                 Some(Node::Leaf(ShardLeaf::Shard(s))) => {
-                    Ok(self.file_attr(ino, self.index.shards[*s].raw_data.bytes))
+                    Ok(self.file_attr(ino, self.shards[*s].bytes))
                 }
                 None => Err(FsError::UnknownInode { ino }),
             },
-            Target::PathNode(id) => {
-                let Naming::ByPath { data_column, .. } = self.naming else {
-                    return Err(FsError::UnknownInode { ino });
-                };
-                match self.path_tree()?.get(id) {
-                    Some(Node::Dir(_)) => Ok(self.dir_attr(ino)),
-                    Some(Node::Leaf(sample)) => {
-                        Ok(self.file_attr(ino, self.column_size(*sample, data_column)?))
-                    }
-                    None => Err(FsError::UnknownInode { ino }),
-                }
-            }
+            Target::PathNode(id) => match self.path_tree()?.get(id) {
+                Some(Node::Dir(_)) => Ok(self.dir_attr(ino)),
+                Some(Node::Leaf(part)) => Ok(self.file_attr(ino, part.len)),
+                None => Err(FsError::UnknownInode { ino }),
+            },
             Target::SampleColumn { sample, column } => {
                 if !matches!(self.naming, Naming::ByIndex { .. })
                     || self.column_file(column).is_none()
@@ -759,7 +894,7 @@ impl DatasetFs {
                         .ok_or_else(not_found)?;
                     self.sample_ino(sample, column)
                 }
-                Naming::ByPath { .. } => {
+                Naming::ByPath { .. } | Naming::Listed { .. } => {
                     let id = if parent == SAMPLES_INO {
                         0
                     } else {
@@ -846,7 +981,7 @@ impl DatasetFs {
                     Ok(())
                 }
                 Naming::ByIndex { .. } => Err(FsError::NotADirectory { ino }),
-                Naming::ByPath { .. } => {
+                Naming::ByPath { .. } | Naming::Listed { .. } => {
                     let id = if ino == SAMPLES_INO {
                         0
                     } else {
@@ -886,24 +1021,16 @@ impl DatasetFs {
                 Some(Node::Leaf(ShardLeaf::Shard(s))) => Span::Shard {
                     shard: *s,
                     base: 0,
-                    len: self.index.shards[*s].raw_data.bytes,
+                    len: self.shards[*s].bytes,
                 },
                 Some(Node::Dir(_)) => return Err(FsError::IsADirectory { ino }),
                 None => return Err(FsError::UnknownInode { ino }),
             },
-            Target::PathNode(id) => {
-                let Naming::ByPath { data_column, .. } = self.naming else {
-                    return Err(FsError::UnknownInode { ino });
-                };
-                match self.path_tree()?.get(id) {
-                    Some(Node::Leaf(sample)) => Span::Sample {
-                        sample: *sample,
-                        column: data_column,
-                    },
-                    Some(Node::Dir(_)) => return Err(FsError::IsADirectory { ino }),
-                    None => return Err(FsError::UnknownInode { ino }),
-                }
-            }
+            Target::PathNode(id) => match self.path_tree()?.get(id) {
+                Some(Node::Leaf(part)) => Span::Part(*part),
+                Some(Node::Dir(_)) => return Err(FsError::IsADirectory { ino }),
+                None => return Err(FsError::UnknownInode { ino }),
+            },
             Target::SampleColumn { sample, column } => Span::Sample { sample, column },
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -943,6 +1070,7 @@ impl DatasetFs {
                 let (shard, base, len) = self.column_span(sample, column)?;
                 (self.shard_data(shard)?, base, len)
             }
+            Span::Part(Part { shard, base, len }) => (self.shard_data(shard)?, base, len),
         };
         *slot = Some(d.clone());
         Ok(Some(d))
@@ -1019,7 +1147,7 @@ impl DatasetFs {
 
     /// Figures for `statfs`.
     pub fn statfs(&self) -> StatFs {
-        let bytes = self.index.shards.iter().map(|s| s.raw_data.bytes).sum();
+        let bytes = self.shards.iter().map(|s| s.bytes).sum();
         let files = (self.shard_tree.len() as u64)
             .saturating_add(self.num_samples().saturating_mul(self.columns.len() as u64));
         StatFs {

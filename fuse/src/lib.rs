@@ -2,8 +2,9 @@
 //!
 //! Two views of one dataset: `shards/` (`index.json` and every shard, decompressed) and
 //! `samples/` (one file per sample and column, or the original relative paths for datasets made
-//! from a folder of files or an ImageFolder tree). Shards are fetched lazily through the
-//! streamer's node cache and budget; names and sizes come from the index, never from a LIST.
+//! from a folder of files or an ImageFolder tree; for WebDataset and LitData, one file per tar
+//! member or leaf). Shards are fetched lazily through the streamer's node cache and budget;
+//! names and sizes come from the index or the streamer's shard listing, never from a LIST.
 //!
 //! The logic is the plain type [`DatasetFs`] over a [`DatasetSource`], tested without a mount;
 //! [`adapter`] translates it for `fuser`; [`mount()`] runs a session with an owner that unmounts;

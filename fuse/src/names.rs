@@ -43,6 +43,12 @@ pub enum Naming {
         /// Position of the column whose bytes the file holds.
         data_column: usize,
     },
+    /// `samples/<index>.<field>[.<ext>]` from the source's listing of each sample's fields
+    /// (WebDataset members `<key>.<ext>`, LitData leaves with their serializer's extension).
+    Listed {
+        /// Digits of the zero-padded index (so that names sort in sample order).
+        width: usize,
+    },
 }
 
 impl Naming {

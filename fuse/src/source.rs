@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::SourceError;
+use shardstream_streamer::dataset::{SampleFile, ShardInfo};
+
+use crate::error::{SourceError, SourceErrorKind};
 
 /// One shard's decompressed bytes, available while the value lives (the cache keeps it pinned).
 pub trait ShardData: Send + Sync {
@@ -56,6 +58,24 @@ pub trait DatasetSource: Send + Sync {
     /// Bytes the source may hold for read-ahead beyond what readers hold (the cache budget), if
     /// it has a limit; read-ahead never asks for more.
     fn readahead_budget(&self) -> Option<u64>;
+
+    /// The shards of a dataset that is not MDS (WebDataset tars, LitData chunks), in order:
+    /// [`ShardInfo::raw_file`] names a shard in `shards/`, `raw_bytes` is its size as
+    /// [`Self::open_shard`] serves it, `samples` its sample count. `None` (the default): the
+    /// dataset is MDS and [`Self::index_json`] names everything.
+    fn listing(&self) -> Option<Vec<ShardInfo>> {
+        None
+    }
+
+    /// Every sample's fields of shard `shard` of a listed dataset ([`Self::listing`]), named,
+    /// with their byte ranges in the bytes [`Self::open_shard`] serves. Fetches the shard.
+    fn sample_files(&self, shard: usize) -> Result<Vec<Vec<SampleFile>>, SourceError> {
+        Err(SourceError::new(
+            SourceErrorKind::Invalid,
+            shard,
+            "this source lists no sample files",
+        ))
+    }
 }
 
 /// Shard bytes held in memory (test doubles, small local datasets).

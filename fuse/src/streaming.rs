@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use shardstream_streamer::dataset::{ShardHandle, StreamingDataset};
+use shardstream_streamer::dataset::{
+    SampleFile, ShardFormat, ShardHandle, ShardInfo, StreamingDataset,
+};
 use shardstream_streamer::StreamerError;
 
 use crate::error::{SourceError, SourceErrorKind};
@@ -75,8 +77,12 @@ impl ShardData for Handle {
 }
 
 impl DatasetSource for StreamingSource {
+    // A tar set has no index file: the streamer's summary of its tars is not shown.
     fn index_json(&self) -> &[u8] {
-        self.dataset.index_json()
+        match self.dataset.shard_format(0) {
+            Some(ShardFormat::WebDataset) => &[],
+            _ => self.dataset.index_json(),
+        }
     }
 
     fn open_shard(&self, shard: usize) -> Result<Arc<dyn ShardData>, SourceError> {
@@ -88,6 +94,29 @@ impl DatasetSource for StreamingSource {
 
     fn readahead_budget(&self) -> Option<u64> {
         self.cache_limit
+    }
+
+    // An MDS dataset is named by its index (fixed-size columns sized without a fetch); a
+    // dataset with any other shard is listed from the streamer's shard infos.
+    fn listing(&self) -> Option<Vec<ShardInfo>> {
+        let ds = &self.dataset;
+        let all_mds = (0..ds.num_shards()).all(|s| ds.shard_format(s) == Some(ShardFormat::Mds));
+        if all_mds {
+            return None;
+        }
+        Some(
+            (0..ds.num_shards())
+                .filter_map(|s| ds.shard_info(s))
+                .collect(),
+        )
+    }
+
+    fn sample_files(&self, shard: usize) -> Result<Vec<Vec<SampleFile>>, SourceError> {
+        let to_source = |e: StreamerError| SourceError::new(kind_of(&e), shard, e);
+        self.dataset
+            .shard(shard)
+            .and_then(|h| h.sample_files())
+            .map_err(to_source)
     }
 }
 

@@ -6,5 +6,6 @@
 #[macro_use]
 mod support;
 
+mod fs_formats;
 mod fs_logic;
 mod mount_s3;

@@ -2,6 +2,8 @@
 //! with fault injection and a count of shard opens.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod peers;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,12 +4,14 @@
 //! the node's cache, under its locks, so that a shard in use is never deleted and a shard is
 //! still downloaded once per node.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::engine;
+use super::format::{SampleSchema, ShardFormat, ShardSchema};
 use super::prefetch::{self, Prefetch};
-use super::StreamingDataset;
+use super::{ShardHandle, StreamingDataset};
 use crate::error::{Result, StreamerError};
 
 /// What the index says of one shard, and where it is read from.
@@ -41,6 +43,101 @@ impl ShardInfo {
     pub fn in_place(&self) -> bool {
         self.cache_bytes == 0
     }
+
+    /// The name of the decompressed shard, as the cache holds it and readers are served it:
+    /// [`Self::file`] itself when it is not compressed; else without its compression suffix
+    /// (`shard.00000.mds.zstd` → `shard.00000.mds`, `x.tar.gz` and `x.tgz` → `x.tar`,
+    /// LitData's `chunk-0-0.zstd.bin` → `chunk-0-0.bin`, the name litdata inflates it to).
+    pub fn raw_file(&self) -> String {
+        let file = self.file.as_str();
+        let Some(ext) = self.compression else {
+            return file.to_string();
+        };
+        if let Some(stem) = file.strip_suffix(".tgz") {
+            return format!("{stem}.tar");
+        }
+        if let Some(stem) = file.strip_suffix(&format!(".{ext}.bin")) {
+            return format!("{stem}.bin");
+        }
+        file.strip_suffix(&format!(".{ext}"))
+            .unwrap_or(file)
+            .to_string()
+    }
+}
+
+/// One field of one sample, named for a file: a WebDataset member, a LitData leaf, an MDS
+/// column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleFile {
+    /// WebDataset: the member's name, `<key>.<ext>` (the extension lowercased, as `webdataset`
+    /// reads it); LitData: the leaf's name (`docs/formats.md`); MDS: the column's name.
+    pub name: String,
+    /// The field's encoding, which gives a file extension: an MDS column's, a LitData leaf's
+    /// serializer (`int`, `str`, `numpy:...`); `None` for a tar member (its name has one).
+    pub encoding: Option<String>,
+    /// Its bytes in the decompressed shard.
+    pub range: Range<u64>,
+}
+
+impl ShardHandle {
+    /// Every sample's fields, named ([`SampleFile`]), in sample order. A tar's come from its
+    /// table; an MDS shard or LitData chunk is read through to split its samples. An item of
+    /// per-item zstd LitData chunks is one field, `item` (encoding `zst`): its leaves are
+    /// inside the frame.
+    pub fn sample_files(&self) -> Result<Vec<Vec<SampleFile>>> {
+        (0..self.num_samples())
+            .map(|i| {
+                let (schema, key, ranges) = self.sample_fields(i)?;
+                let files = match &schema {
+                    SampleSchema::Wds(fields) => {
+                        let key = key.as_deref().unwrap_or_default();
+                        fields
+                            .names
+                            .iter()
+                            .zip(ranges)
+                            .map(|(ext, range)| SampleFile {
+                                name: format!("{key}.{ext}"),
+                                encoding: None,
+                                range,
+                            })
+                            .collect()
+                    }
+                    SampleSchema::LitData(fields) if fields.decoder.per_item_zstd => ranges
+                        .into_iter()
+                        .map(|range| SampleFile {
+                            name: "item".into(),
+                            encoding: Some("zst".into()),
+                            range,
+                        })
+                        .collect(),
+                    SampleSchema::LitData(fields) => fields
+                        .decoder
+                        .columns
+                        .iter()
+                        .zip(&fields.decoder.names)
+                        .zip(ranges)
+                        .map(|((name, format), range)| SampleFile {
+                            name: name.clone(),
+                            encoding: Some(format.clone()),
+                            range,
+                        })
+                        .collect(),
+                    SampleSchema::Mds(columns) => columns
+                        .names()
+                        .iter()
+                        .zip(columns.encoding_names())
+                        .zip(ranges)
+                        .map(|((name, encoding), range)| SampleFile {
+                            name: name.clone(),
+                            encoding: Some(encoding.clone()),
+                            range,
+                        })
+                        .collect(),
+                };
+                Ok(files)
+            })
+            .collect()
+    }
 }
 
 impl StreamingDataset {
@@ -57,6 +154,15 @@ impl StreamingDataset {
             samples: src.samples,
             first_sample: src.first_sample,
             cache_bytes: src.cache_bytes,
+        })
+    }
+
+    /// The format of shard `shard`; `None` out of range.
+    pub fn shard_format(&self, shard: usize) -> Option<ShardFormat> {
+        Some(match self.inner.shards.get(shard)?.schema {
+            ShardSchema::Mds(_) => ShardFormat::Mds,
+            ShardSchema::Wds => ShardFormat::WebDataset,
+            ShardSchema::LitData(_) => ShardFormat::LitData,
         })
     }
 

@@ -58,7 +58,7 @@ use crate::order::{DatasetShape, StreamShape, Weight};
 
 pub use fetch::{parts as fetch_parts, PART_BYTES, WRITE_BYTES};
 pub use format::{LitFields, SampleSchema, ShardFormat, WdsFields};
-pub use manage::ShardInfo;
+pub use manage::{SampleFile, ShardInfo};
 pub use metrics::{
     node_metrics, node_sum, publishing_enabled, Counters, MetricsSnapshot, NamedCounters, NodeSum,
     ProcessCounters, Publisher, METRICS_DIR, NODE_METRICS_ENV,

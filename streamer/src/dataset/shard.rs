@@ -386,7 +386,7 @@ impl Opened {
             ShardSchema::Wds => {
                 // A tar's samples are found by reading its member headers: the whole file.
                 wait(len)?;
-                let reader = std::io::BufReader::with_capacity(1 << 20, &file);
+                let reader = std::io::BufReader::with_capacity(1 << 20, ReadFrom::start(&file));
                 let (located, read) = locate_all(&name, reader)?;
                 if read != len {
                     return Err(corrupt(format!("{read} bytes read of {len}")));
@@ -575,5 +575,56 @@ impl RawSample {
                 Ok(fields.decoder.columns.iter().cloned().zip(values).collect())
             }
         }
+    }
+}
+
+/// A sample's schema, its key (WebDataset) and its fields' byte ranges in the shard file.
+pub type SampleFields = (SampleSchema, Option<Arc<str>>, Vec<Range<u64>>);
+
+impl ShardHandle {
+    /// Sample `i`'s fields where they lie in the file: its schema, its key (WebDataset), and
+    /// each field's absolute byte range, in the schema's order (a per-item zstd LitData item:
+    /// one range, the frame). A tar's ranges come from its table without a read; an MDS or
+    /// LitData sample is read to split it. For listings (the FUSE `samples/` view).
+    pub fn sample_fields(&self, i: u64) -> Result<SampleFields> {
+        if let Layout::Wds(table) = &self.inner.layout {
+            self.sample_range(i)?;
+            let at = i as usize;
+            let ranges = table.fields(at).to_vec();
+            return Ok((
+                table.schema(at).clone(),
+                Some(Arc::clone(table.key(at))),
+                ranges,
+            ));
+        }
+        let base = self.sample_range(i)?.start;
+        let sample = self.sample(i)?;
+        let ranges = sample
+            .cols
+            .iter()
+            .map(|c| base + c.start as u64..base + c.end as u64)
+            .collect();
+        Ok((sample.schema, None, ranges))
+    }
+}
+
+/// Reads a file from its start with positioned reads, whatever its cursor: a cached tar's file
+/// may be shared with an earlier open that read it to its end.
+struct ReadFrom<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl<'a> ReadFrom<'a> {
+    fn start(file: &'a File) -> Self {
+        ReadFrom { file, pos: 0 }
+    }
+}
+
+impl std::io::Read for ReadFrom<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
