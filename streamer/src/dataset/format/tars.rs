@@ -78,11 +78,18 @@ pub(crate) struct TarShard {
 /// The tars at the top level of `location`, sorted by name.
 pub(super) fn list_tars(location: &Location) -> Result<Vec<String>> {
     if let Some(root) = location.local_root() {
-        let entries = std::fs::read_dir(root).map_err(|source| StreamerError::Io {
-            op: "list",
-            path: root.to_path_buf(),
-            source,
-        })?;
+        let entries = match std::fs::read_dir(root) {
+            Ok(entries) => entries,
+            // No folder, no tars: the caller names the dataset as not found.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(StreamerError::Io {
+                    op: "list",
+                    path: root.to_path_buf(),
+                    source,
+                })
+            }
+        };
         let mut names = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
