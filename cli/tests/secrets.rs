@@ -5,6 +5,7 @@
 //! a refused write), with debug logs on and with `--json`, and its stdout and stderr are grepped
 //! for the secret. The storage layer's own errors are checked in `storage/tests/secrets.rs`; this
 //! is what a user sees in a terminal or a pod's log.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // set-up steps outside #[test] fns
 
 use crate::common::run_env;
 use shardstream_storage::testing::{require, ServerKind, TestServer, AZURITE_ACCOUNT};
