@@ -18,7 +18,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{free_port, s, shardstream, spawn_piped, venv_bin, wait_for, workspace};
+use support::{
+    free_port, s, shardstream, spawn_piped, torchrun_turn, venv_bin, wait_for, workspace,
+};
 
 /// torch's import and gloo's rendezvous are slow on a loaded 2-core machine.
 const LIMIT: Duration = Duration::from_secs(400);
@@ -52,6 +54,7 @@ fn worker_files(dir: &Path) -> BTreeSet<String> {
 
 #[test]
 fn torchrun_workers_see_the_resolved_run_node_and_cache_folder() {
+    let _turn = torchrun_turn();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("cache");
     let out = tmp.path().join("out");
@@ -246,11 +249,13 @@ fn two_pods(hosts: Option<&Hosts>) {
 
 #[test]
 fn two_pods_of_an_indexed_job_each_use_their_own_node_folder() {
+    let _turn = torchrun_turn();
     two_pods(None);
 }
 
 #[test]
 fn two_pods_on_separate_hosts_network_namespaces() {
+    let _turn = torchrun_turn();
     let hosts = Hosts::new();
     two_pods(Some(&hosts));
 }

@@ -4,12 +4,26 @@
 // Each test file uses a different subset; a failed set-up step panics with its message.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod restart_job;
+
 use std::borrow::BorrowMut;
 use std::io::{BufRead, BufReader, Lines};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The multi-process torchrun jobs of this test binary (gloo rendezvous, elastic restarts) take
+/// turns: run side by side on a two-core CI machine, their rendezvous and collectives time out
+/// under each other's load, which says nothing about the code under test.
+static TORCHRUN_JOBS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds this test's turn among the torchrun jobs until dropped.
+pub fn torchrun_turn() -> std::sync::MutexGuard<'static, ()> {
+    TORCHRUN_JOBS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// `shardstream` with only PATH and LANG from the caller's environment.
 pub fn shardstream(args: &[&str]) -> Command {
