@@ -77,6 +77,14 @@ def test_a_new_dataset_downloads_its_first_window_before_any_iteration(remote):
     assert set(first_shards(ds, ids, 3)) <= set(prefetch.shards) <= set(first_shards(ds, ids, 7))
 
 
+def saved_at_200_of_epoch_5(remote):
+    """A state shardstream saved 200 samples into epoch 5 (a hand-written dict of Mosaic's keys
+    alone would be a Mosaic state, which is refused mid-epoch)."""
+    ds = open_dataset(remote)
+    ds.set_epoch(5)
+    return ds.state_dict(200, True)
+
+
 def test_set_epoch_and_load_state_dict_move_the_prefetch_to_where_the_next_iteration_starts(remote):
     ds = open_dataset(remote)
     assert ds._prefetch.wait(timeout=60)
@@ -93,8 +101,7 @@ def test_set_epoch_and_load_state_dict_move_the_prefetch_to_where_the_next_itera
     ds5.set_epoch(5)
     order5 = [int(s["id"]) for s in ds5]
     resumed = open_dataset(remote)
-    resumed.load_state_dict({"epoch": 5, "sample_in_epoch": 200, "num_canonical_nodes": 1,
-                             "shuffle_seed": 7})
+    resumed.load_state_dict(saved_at_200_of_epoch_5(remote))
     assert resumed._prefetch.wait(timeout=60)
     rest = [int(s["id"]) for s in resumed]
     assert rest == order5[200:]
@@ -102,8 +109,7 @@ def test_set_epoch_and_load_state_dict_move_the_prefetch_to_where_the_next_itera
     # The moved prefetch holds the shards the resumed iteration reads first: those of the
     # block position 200 falls in (read in shuffled order), then the next block's.
     again = open_dataset(remote)
-    again.load_state_dict({"epoch": 5, "sample_in_epoch": 200, "num_canonical_nodes": 1,
-                           "shuffle_seed": 7})
+    again.load_state_dict(saved_at_200_of_epoch_5(remote))
     moved = again._prefetch.shards
     assert len(moved) == WINDOW
     assert first_shards(again, rest, 1)[0] in moved
