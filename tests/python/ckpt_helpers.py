@@ -238,8 +238,8 @@ def _writer(args, rank: int):
 
             # Pause right before the manifest put, after .metadata is uploaded.
             orig_store = ck._store
-            ck._store = lambda root: _PauseBeforeCommit(
-                orig_store(root), lambda: _pause(args, "before-commit", rank)
+            ck._store = lambda root, storage_options=None: _PauseBeforeCommit(
+                orig_store(root, storage_options), lambda: _pause(args, "before-commit", rank)
             )
             try:
                 return super().finish(metadata, results)
