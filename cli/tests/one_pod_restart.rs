@@ -2,10 +2,11 @@
 //! index (`backoffLimitPerIndex`) of an elastic (c10d, `--max-restarts`) torchrun job; the job
 //! machinery and the scenario are described in `run_restart.rs`.
 //!
-//! Its own test binary: run in the `it` binary's process after the other restart test, the
-//! replaced pod's rendezvous timed out waiting for the running pod's role info (twice, here and
-//! in CI), while it passes alone and right after the other test in a separate process. Until the
-//! cause inside the shared process is found, it keeps a process of its own.
+//! The rejoin depends on `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (set by the base ConfigMap and by
+//! the job here): when the replaced pod took group rank 0 of the next round, torch's shared
+//! rendezvous store left the surviving agent on the round before's bootstrap address and both
+//! agents timed out on each other after 60 s (about half the runs, depending on the ranks drawn).
+//! Kept in a test binary of its own: a fresh process for the two pods' agents.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "run_support/mod.rs"]

@@ -196,6 +196,8 @@ impl Job {
         cmd.envs(self.s3_env.iter().map(|(k, v)| (k, v)))
             .env("HOME", self.tmp.path())
             .env("GLOO_SOCKET_IFNAME", "lo")
+            // As the base ConfigMap sets it: see docs/deploy.md on elastic rejoins.
+            .env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
             .env("OMP_NUM_THREADS", "1")
             // The launcher and the dataset both key the folder <root>/<run>/<node>.
             .env("SHARDSTREAM_CACHE_ROOT", &self.root)
