@@ -18,15 +18,28 @@ use crate::source::{DatasetSource, ShardData};
 pub struct StreamingSource {
     dataset: StreamingDataset,
     cache_limit: Option<u64>,
+    /// What the mount's `index.json` serves: the dataset's, byte for byte (fetched here when
+    /// the dataset was opened from its `index.ssx`).
+    index_json: Arc<[u8]>,
 }
 
 impl StreamingSource {
     /// Wraps `dataset`; `cache_limit` is its disk budget (read-ahead stays within half of it).
-    pub fn new(dataset: StreamingDataset, cache_limit: Option<u64>) -> Self {
-        StreamingSource {
+    /// Fails when the dataset's `index.json` cannot be read.
+    pub fn new(
+        dataset: StreamingDataset,
+        cache_limit: Option<u64>,
+    ) -> Result<Self, shardstream_streamer::StreamerError> {
+        // A tar set has no index file: the streamer's summary of its tars is not shown.
+        let index_json = match dataset.shard_format(0) {
+            Some(ShardFormat::WebDataset) => Arc::from(&[][..]),
+            _ => dataset.index_json()?,
+        };
+        Ok(StreamingSource {
             dataset,
             cache_limit,
-        }
+            index_json,
+        })
     }
 
     /// The dataset.
@@ -77,12 +90,8 @@ impl ShardData for Handle {
 }
 
 impl DatasetSource for StreamingSource {
-    // A tar set has no index file: the streamer's summary of its tars is not shown.
     fn index_json(&self) -> &[u8] {
-        match self.dataset.shard_format(0) {
-            Some(ShardFormat::WebDataset) => &[],
-            _ => self.dataset.index_json(),
-        }
+        &self.index_json
     }
 
     fn open_shard(&self, shard: usize) -> Result<Arc<dyn ShardData>, SourceError> {

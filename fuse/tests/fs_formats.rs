@@ -27,7 +27,7 @@ fn open_fs(dataset: &Path, cache: &Path) -> DatasetFs {
     };
     let ds = StreamingDataset::open(config).unwrap();
     DatasetFs::new(
-        Arc::new(StreamingSource::new(ds, None)),
+        Arc::new(StreamingSource::new(ds, None).unwrap()),
         FsConfig::default(),
     )
     .unwrap()

@@ -146,7 +146,11 @@ impl Fixture {
             location,
         )
         .unwrap();
-        let fs = DatasetFs::new(Arc::new(StreamingSource::new(dataset, None)), config).unwrap();
+        let fs = DatasetFs::new(
+            Arc::new(StreamingSource::new(dataset, None).unwrap()),
+            config,
+        )
+        .unwrap();
         let mnt = self.mountpoint();
         std::fs::create_dir_all(&mnt).unwrap();
         self.mount = Some(shardstream_fuse::mount(fs, &mnt, options).unwrap());

@@ -162,19 +162,23 @@ impl Default for Store {
 
 /// Client-side request shaping, with the parameters of `storage::shaping::ShapingConfig`: a
 /// token bucket per prefix and process, additive increase per unthrottled attempt,
-/// multiplicative decrease (once per cooldown) on `503`/`429`, jittered waits.
+/// multiplicative decrease (once per cooldown) on `503`/`429`, jittered waits. The rates are a
+/// node's and the increase the job's: with `node_share` (what `storage::shaping` ships when
+/// torchrun's `LOCAL_WORLD_SIZE` and `WORLD_SIZE` are set), each process runs with
+/// `start_rate`, `min_rate` and `max_rate` divided by the node's processes,
+/// `ranks_per_node x (workers + 1)`, and `increase` by the job's (that times `nodes`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Shaping {
     /// On or off.
     pub enabled: bool,
-    /// Starting rate of a prefix, attempts/s per process.
+    /// Starting rate of a prefix, attempts/s per node (per process without `node_share`).
     pub start_rate: f64,
-    /// Lowest rate.
+    /// Lowest rate, per node.
     pub min_rate: f64,
-    /// Highest rate.
+    /// Highest rate, per node.
     pub max_rate: f64,
-    /// Attempts/s gained per second without throttling.
+    /// Attempts/s gained per second without throttling, by the whole job.
     pub increase: f64,
     /// Factor applied on throttling.
     pub decrease: f64,
@@ -184,24 +188,41 @@ pub struct Shaping {
     pub burst_seconds: f64,
     /// Waits stretched by a random factor in `[1, 1 + jitter]`.
     pub jitter: f64,
-    /// One limiter state per node (shared by its processes) instead of one per process (what
-    /// `storage::shaping` does: every DataLoader worker is a process with its own).
-    pub per_node: bool,
+    /// The node's rates divided among its processes (the shipped policy); `false` models one
+    /// full set of rates per process (a process that does not know its node's size).
+    pub node_share: bool,
 }
 
 impl Default for Shaping {
+    /// `storage::shaping::ShapingConfig::default()`, shared by the node.
     fn default() -> Self {
         Self {
             enabled: true,
             start_rate: 2_000.0,
             min_rate: 1.0,
             max_rate: 20_000.0,
-            increase: 50.0,
+            increase: 10.0,
             decrease: 0.5,
             cooldown: 0.5,
             burst_seconds: 0.25,
             jitter: 0.2,
-            per_node: false,
+            node_share: true,
+        }
+    }
+}
+
+impl Shaping {
+    /// The parameters of one of `processes` processes of one of `nodes` nodes (as
+    /// `storage::shaping::ShapingConfig::shared_by`): the rates divided by the node's
+    /// processes, the increase by the job's.
+    pub fn shared_by(&self, processes: u64, nodes: u64) -> Self {
+        let n = processes.max(1) as f64;
+        Self {
+            start_rate: self.start_rate / n,
+            min_rate: self.min_rate / n,
+            max_rate: self.max_rate / n,
+            increase: self.increase / (n * nodes.max(1) as f64),
+            ..self.clone()
         }
     }
 }

@@ -70,17 +70,22 @@ pub fn simulate(config: &SimConfig) -> Result<Report> {
     let order = EpochOrder::new(&shape, &order_config(config), config.order.epoch)?;
     let epoch = epoch::model_epoch(config, &order, &shards)?;
     let startup = startup::model_startup(config, &order, &shards)?;
-    let clients = if config.shaping.per_node {
-        u64::from(config.cluster.nodes)
-    } else {
-        u64::from(config.cluster.nodes)
-            * u64::from(config.cluster.ranks_per_node)
-            * u64::from(config.cluster.workers)
-    };
+    // The processes that fetch (DataLoader workers, or the ranks without any); the node's
+    // rates are shared by its ranks and their workers, and the increase by the job's, as
+    // `storage::shaping` counts them.
+    let ranks = u64::from(config.cluster.ranks_per_node);
+    let workers = u64::from(config.cluster.workers);
+    let clients = u64::from(config.cluster.nodes) * ranks * workers.max(1);
     let demand = epoch.get_per_s_per_prefix_mean;
     let mut off = config.shaping.clone();
     off.enabled = false;
-    let mut on = config.shaping.clone();
+    let mut on = if config.shaping.node_share {
+        config
+            .shaping
+            .shared_by(ranks * (workers + 1), u64::from(config.cluster.nodes))
+    } else {
+        config.shaping.clone()
+    };
     on.enabled = true;
     let limit = config.store.get_limit;
     let rates = vec![

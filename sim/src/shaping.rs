@@ -9,9 +9,11 @@
 //! range. With shaping on, each process also runs the limiter of
 //! `storage::shaping` (token bucket per prefix, additive increase per unthrottled attempt,
 //! multiplicative decrease once per cooldown on a `503`): attempts beyond its rate wait in the
-//! process (a stall, not a request). Processes are simulated in 256 groups of equal
-//! behaviour; a group decreases when one of its processes would, with the probability that
-//! one of them saw a `503` in the step.
+//! process (a stall, not a request). The caller passes each process's parameters: with the
+//! shipped share, the node's rates divided by its processes and the increase by the job's
+//! (`Shaping::shared_by`).
+//! Processes are simulated in 256 groups of equal behaviour; a group decreases when one of its
+//! processes would, with the probability that one of them saw a `503` in the step.
 
 use serde::Serialize;
 use shardstream_storage::RetryPolicy;
@@ -245,5 +247,20 @@ mod tests {
         let on = Shaping::default();
         let r = model_prefix(10_000.0, 64, 5500.0, &on, 60.0);
         assert!(r.offered < 5500.0 * 1.5, "{r:?}");
+    }
+
+    #[test]
+    fn at_512_nodes_the_shared_rates_hold_a_prefix_at_its_limit() {
+        // 512 nodes x 8 ranks x 8 workers want 20,480 GET/s from a prefix of 5,500: with the
+        // defaults shared (rates by each node's 8 x 9 processes, the increase by the job's)
+        // the offer settles at the limit (AIMD's saw-tooth: within 3 %, nothing fails); with
+        // one full set of rates per process it is far over.
+        let clients = 512 * 8 * 8;
+        let shared = Shaping::default().shared_by(8 * 9, 512);
+        let r = model_prefix(20_480.0, clients, 5500.0, &shared, 120.0);
+        assert!(r.offered < 5500.0 * 1.03 && r.failed < 0.01, "{r:?}");
+        let per_process = Shaping::default();
+        let r = model_prefix(20_480.0, clients, 5500.0, &per_process, 120.0);
+        assert!(r.offered > 5500.0 * 2.0, "{r:?}");
     }
 }

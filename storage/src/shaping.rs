@@ -30,11 +30,20 @@
 //! - State is per process: `N` processes on one prefix each run their own AIMD loop and
 //!   converge together, as TCP flows share a link. The limiter is shared by every store of a
 //!   process with the same [`ShapingConfig`].
+//! - **Node share**: the rates (`start_rate`, `min_rate`, `max_rate`) are a node's, divided
+//!   among the processes of the node that shape requests, so that a node of `P` processes
+//!   starts, floors and peaks like one limiter state instead of `P`; `increase` is the whole
+//!   job's, divided by `P x nodes` (`WORLD_SIZE / LOCAL_WORLD_SIZE`) ([`ShapingConfig::shared_by`]).
+//!   `P` is `SHARDSTREAM_SHAPING_PROCESSES` when set, else `LOCAL_WORLD_SIZE x
+//!   (SHARDSTREAM_SHAPING_WORKERS + 1)` (each rank and its DataLoader workers; workers 0 when
+//!   unset) when torchrun's `LOCAL_WORLD_SIZE` is set, else 1: a single process is unchanged.
+//!   Without it, 512 nodes x 8 ranks x 8 workers are 32,768 states whose floor alone
+//!   (`min_rate` 1/s each) is over a prefix's 5,500 GET/s (`docs/scale.md`).
 //! - Retries of a throttled request are also jittered by `object_store`'s backoff
 //!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
 //!   [`crate::RetryPolicy`]) and then take a token like any attempt.
 //!
-//! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and process (a
+//! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and node (a
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
 //! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
 //! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2. The `SHARDSTREAM_SHAPING*`
@@ -72,6 +81,17 @@ pub const MAX_RATE_ENV: &str = "SHARDSTREAM_SHAPING_MAX_RATE";
 pub const INCREASE_ENV: &str = "SHARDSTREAM_SHAPING_INCREASE";
 /// Multiplicative decrease on throttling, in (0, 1).
 pub const DECREASE_ENV: &str = "SHARDSTREAM_SHAPING_DECREASE";
+/// Processes of this node that share its rates (see [`node_processes`]).
+pub const PROCESSES_ENV: &str = "SHARDSTREAM_SHAPING_PROCESSES";
+/// DataLoader workers per rank, for the node's process count when
+/// [`PROCESSES_ENV`] is not set.
+pub const WORKERS_ENV: &str = "SHARDSTREAM_SHAPING_WORKERS";
+/// Ranks on this node, as torchrun sets it.
+pub const LOCAL_WORLD_SIZE_ENV: &str = "LOCAL_WORLD_SIZE";
+/// Ranks of the job, as torchrun sets it.
+pub const WORLD_SIZE_ENV: &str = "WORLD_SIZE";
+/// Most processes a node's rates are divided among.
+const MAX_PROCESSES: u32 = 1 << 20;
 
 /// Most prefixes tracked at once; idle ones are forgotten beyond it.
 const MAX_PREFIXES: usize = 10_000;
@@ -146,7 +166,26 @@ impl ShapingConfig {
         config.increase = number(INCREASE_ENV, config.increase)?;
         config.decrease = number(DECREASE_ENV, config.decrease)?;
         config.check()?;
+        let config = config.shared_by(node_processes(env)?, job_nodes(env)?);
+        config.check()?;
         Ok(config)
+    }
+
+    /// The parameters of one of `processes` processes of a node, one of `nodes` nodes of a
+    /// job: `start_rate`, `min_rate` and `max_rate` divided by `processes` (so that a node's
+    /// processes add up to one limiter), `increase` by `processes x nodes` (so that the whole
+    /// job regains `increase` per second: each process's decreases are its own, and
+    /// uncorrelated decreases only hold a prefix near its limit when the sum of the increases
+    /// is small; see `docs/scale.md`). `shared_by(1, 1)` is `self`.
+    pub fn shared_by(&self, processes: u32, nodes: u32) -> Self {
+        let n = f64::from(processes.max(1));
+        Self {
+            start_rate: self.start_rate / n,
+            min_rate: self.min_rate / n,
+            max_rate: self.max_rate / n,
+            increase: self.increase / (n * f64::from(nodes.max(1))),
+            ..self.clone()
+        }
     }
 
     /// Refuses parameters the limiter cannot run with.
@@ -195,6 +234,57 @@ impl ShapingConfig {
         let shaper = Arc::new(Shaper::new(self.clone()));
         shapers.push(Arc::clone(&shaper));
         Some(shaper)
+    }
+}
+
+/// Processes of this node that shape requests with their own limiter: `SHARDSTREAM_SHAPING_
+/// PROCESSES` when set, else `LOCAL_WORLD_SIZE x (SHARDSTREAM_SHAPING_WORKERS + 1)` when
+/// `LOCAL_WORLD_SIZE` is set, else 1. A value that does not parse, is 0 or over 2^20 (or a
+/// product over it) is a configuration error naming the variable.
+pub fn node_processes(env: &Env) -> Result<u32> {
+    let count = |var: &'static str, least: u32| -> Result<Option<u32>> {
+        match env.get(var).filter(|v| !v.trim().is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (least..=MAX_PROCESSES).contains(n))
+                .map(Some)
+                .ok_or_else(|| bad(var, "expected a whole number of processes")),
+        }
+    };
+    if let Some(n) = count(PROCESSES_ENV, 1)? {
+        return Ok(n);
+    }
+    let Some(ranks) = count(LOCAL_WORLD_SIZE_ENV, 1)? else {
+        return Ok(1);
+    };
+    let workers = count(WORKERS_ENV, 0)?.unwrap_or(0);
+    workers
+        .checked_add(1)
+        .and_then(|w| w.checked_mul(ranks))
+        .filter(|n| *n <= MAX_PROCESSES)
+        .ok_or_else(|| bad(PROCESSES_ENV, "more processes on the node than 2^20"))
+}
+
+/// Nodes of the job: torchrun's `WORLD_SIZE / LOCAL_WORLD_SIZE` when both are set, else 1.
+pub fn job_nodes(env: &Env) -> Result<u32> {
+    let get = |var: &'static str| -> Result<Option<u32>> {
+        match env.get(var).filter(|v| !v.trim().is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .map(Some)
+                .ok_or_else(|| bad(var, "expected a positive whole number")),
+        }
+    };
+    match (get(WORLD_SIZE_ENV)?, get(LOCAL_WORLD_SIZE_ENV)?) {
+        (Some(world), Some(local)) => Ok((world / local).max(1)),
+        _ => Ok(1),
     }
 }
 
@@ -413,6 +503,61 @@ mod tests {
             start_rate: 10.0,
             burst_seconds: 0.0,
             ..ShapingConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_single_process_keeps_the_defaults() {
+        for pairs in [vec![], vec![("LOCAL_WORLD_SIZE", "1")]] {
+            let env = Env::from_pairs(pairs);
+            assert_eq!(node_processes(&env).unwrap(), 1);
+            assert_eq!(
+                ShapingConfig::from_env(&env).unwrap(),
+                ShapingConfig::default()
+            );
+        }
+    }
+
+    #[test]
+    fn the_processes_of_a_node_share_its_rates() {
+        let env = Env::from_pairs([
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("SHARDSTREAM_SHAPING_WORKERS", "7"),
+        ]);
+        assert_eq!(node_processes(&env).unwrap(), 64);
+        let c = ShapingConfig::from_env(&env).unwrap();
+        let d = ShapingConfig::default();
+        assert_eq!(c.start_rate * 64.0, d.start_rate);
+        assert_eq!(c.min_rate * 64.0, d.min_rate);
+        assert_eq!(c.max_rate * 64.0, d.max_rate);
+        assert_eq!(c.increase * 64.0, d.increase);
+        assert_eq!((c.decrease, c.cooldown), (d.decrease, d.cooldown));
+        // The explicit count wins; ranks without workers count once each.
+        let env = Env::from_pairs([
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("SHARDSTREAM_SHAPING_PROCESSES", "3"),
+        ]);
+        assert_eq!(node_processes(&env).unwrap(), 3);
+        assert_eq!(
+            node_processes(&Env::from_pairs([("LOCAL_WORLD_SIZE", "4")])).unwrap(),
+            4
+        );
+        // 4 nodes of 8 ranks: the job, not the node, regains `increase` per second.
+        let env = Env::from_pairs([("LOCAL_WORLD_SIZE", "8"), ("WORLD_SIZE", "32")]);
+        assert_eq!(job_nodes(&env).unwrap(), 4);
+        let c = ShapingConfig::from_env(&env).unwrap();
+        assert_eq!(c.start_rate * 8.0, d.start_rate);
+        assert_eq!(c.increase * 32.0, d.increase);
+        for bad in [
+            vec![("SHARDSTREAM_SHAPING_PROCESSES", "0")],
+            vec![("SHARDSTREAM_SHAPING_PROCESSES", "many")],
+            vec![
+                ("LOCAL_WORLD_SIZE", "4096"),
+                ("SHARDSTREAM_SHAPING_WORKERS", "4096"),
+            ],
+        ] {
+            let err = node_processes(&Env::from_pairs(bad)).unwrap_err();
+            assert!(err.to_string().contains("SHARDSTREAM_SHAPING"), "{err}");
         }
     }
 

@@ -9,6 +9,7 @@ mod common;
 mod cache_multiprocess;
 mod cache_recovery;
 mod conformance;
+mod dataset_binary_index;
 mod dataset_deferred;
 mod dataset_faults;
 mod dataset_first_samples;

@@ -112,7 +112,7 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let source = StreamingSource::new(dataset, args.budget.cache_limit.map(|b| b.0));
+    let source = StreamingSource::new(dataset, args.budget.cache_limit.map(|b| b.0))?;
     let fs_config = FsConfig {
         by_path: !args.by_index,
         max_readahead_shards: args.readahead_shards,

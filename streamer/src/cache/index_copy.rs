@@ -1,4 +1,5 @@
-//! Copies of remote `index.json` files in the cache folder, so that opening a dataset again on
+//! Copies of remote indexes (`index.json`, or `index.ssx` when that is what was read) in the
+//! cache folder, keyed by their URL, so that opening a dataset again on
 //! the same node (the next epoch's dataset object, the node's other ranks and spawned DataLoader
 //! workers, a restarted rank) reads the index from disk instead of from the store, as
 //! mosaicml-streaming reuses `local/index.json`.

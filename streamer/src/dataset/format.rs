@@ -142,8 +142,9 @@ pub(crate) enum ShardSchema {
 
 /// A stream's shards as its location holds them.
 pub(crate) enum Opened {
-    /// An MDS index: its bytes, parsed, and whether it came from the store.
-    Mds(Vec<u8>, Index, bool),
+    /// An MDS index: the bytes of its file (`index.json` or `index.ssx`), parsed, and whether
+    /// it came from the store.
+    Mds(super::index::IndexBytes, Index, bool),
     /// WebDataset tars, counted.
     Wds(Vec<TarShard>),
     /// A LitData index: its bytes and the items' decoder.

@@ -1,5 +1,11 @@
-//! Reading the streams' `index.json` files: from the node folder's copy or the store (under the
-//! size cap), checked, and turned into the shard list the engine fetches from.
+//! Reading the streams' MDS indexes: from the node folder's copy or the store (under the size
+//! cap), checked, and turned into the shard list the engine fetches from.
+//!
+//! `index.ssx` (`shardstream_sharding::mds::index_bin`), when a stream has one that mirrors the
+//! `index.json` beside it, is read instead of `index.json`: a fraction of the bytes, parsed
+//! without a JSON tree. `index.json` stays the source of truth: an `index.ssx` that is stale
+//! (its recorded size is not `index.json`'s, or it is older) or does not parse is ignored with
+//! a warning, and `index.json` is read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,6 +13,7 @@ use std::sync::Arc;
 use shardstream_sharding::compression::Algorithm;
 
 use shardstream_sharding::hashing::HashAlgorithm;
+use shardstream_sharding::mds::index_bin::{self, BINARY_INDEX_BASENAME};
 use shardstream_sharding::mds::{Columns, FileInfo, Index};
 use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
@@ -18,12 +25,46 @@ use crate::error::{Result, StreamerError};
 use crate::order::Weight;
 use shardstream_sharding::litdata::{CompressionLevel, LitDataIndex};
 
-/// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`).
+/// A remote index to keep in the node's cache folder (see `crate::cache::save_index_copy`):
+/// `index.json`'s bytes, or `index.ssx`'s when that was read.
 #[derive(Debug)]
 pub(crate) struct IndexCopy {
     pub(super) dir: PathBuf,
     pub(super) url: String,
-    pub(super) json: Vec<u8>,
+    pub(super) bytes: Vec<u8>,
+}
+
+/// The bytes of the file a stream's MDS index was read from.
+#[derive(Debug)]
+pub(crate) enum IndexBytes {
+    /// `index.json`.
+    Json(Vec<u8>),
+    /// `index.ssx`, found fresh against the `index.json` beside it.
+    Binary(Vec<u8>),
+}
+
+impl IndexBytes {
+    /// The file's name in the stream's folder.
+    pub(super) fn basename(&self) -> &'static str {
+        match self {
+            IndexBytes::Json(_) => "index.json",
+            IndexBytes::Binary(_) => BINARY_INDEX_BASENAME,
+        }
+    }
+
+    /// The file's bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            IndexBytes::Json(b) | IndexBytes::Binary(b) => b,
+        }
+    }
+
+    /// The file's bytes, owned.
+    pub(super) fn into_bytes(self) -> Vec<u8> {
+        match self {
+            IndexBytes::Json(b) | IndexBytes::Binary(b) => b,
+        }
+    }
 }
 
 /// One dataset of a mix, for [`StreamingDataset::open_streams`] (Mosaic's `Stream`).
@@ -269,78 +310,173 @@ impl Loaded {
     }
 }
 
-/// A stream's `index.json`, as bytes, parsed, and whether it came from the store. A remote
-/// index comes from its copy in the node's cache folder `copies` when there is one that parses
-/// (see `crate::cache::read_index_copy`), else from the store. A local index is always read
-/// where it is.
+/// A stream's MDS index, as the bytes of the file it was read from, parsed, and whether it
+/// came from the store. A remote index comes from its copy in the node's cache folder `copies`
+/// when there is one that parses (`index.ssx`'s first, then `index.json`'s; see
+/// `crate::cache::read_index_copy`), else from the store: `index.ssx` when it is there and
+/// fresh, else `index.json`. A local index is always read where it is.
 pub(super) fn load_index(
     location: &Location,
     copies: Option<&Path>,
-) -> Result<(Vec<u8>, Index, bool)> {
+) -> Result<(IndexBytes, Index, bool)> {
     let name = location.url_of("index.json");
+    let bin_name = location.url_of(BINARY_INDEX_BASENAME);
     let copies = copies.filter(|_| location.local_root().is_none());
     if let Some(dir) = copies {
-        match read_index_copy(dir, &name) {
-            Ok(Some(json)) => match Index::from_json(&name, &json) {
-                Ok(index) => {
-                    debug!(index = %name, cache = %dir.display(), "index read from its copy");
-                    return Ok((json, index, false));
-                }
-                Err(e) => {
-                    warn!(index = %name, cache = %dir.display(), error = %e,
-                        "the copy of the index does not parse; reading the store again");
-                    if let Err(e) = remove_index_copy(dir, &name) {
-                        warn!(error = %e, "cannot remove the copy of the index");
-                    }
-                }
-            },
-            Ok(None) => {}
-            Err(e) => warn!(index = %name, error = %e, "cannot read the copy of the index"),
+        let parse_bin = |b: &[u8]| index_bin::from_bytes(&bin_name, b);
+        if let Some((bin, index)) = read_copy(dir, &bin_name, parse_bin) {
+            return Ok((IndexBytes::Binary(bin), index, false));
+        }
+        let parse_json = |b: &[u8]| Index::from_json(&name, b);
+        if let Some((json, index)) = read_copy(dir, &name, parse_json) {
+            return Ok((IndexBytes::Json(json), index, false));
         }
     }
-    let json = read_index(location)?;
+    let jitter = crate::settings::index_jitter(&shardstream_identity::os_env);
+    let delay = crate::settings::random_delay(jitter);
+    match block_on(read_binary_index(location, delay)) {
+        Ok(Some((bin, index))) => {
+            debug!(index = %bin_name, "binary index read");
+            return Ok((IndexBytes::Binary(bin), index, true));
+        }
+        Ok(None) => {}
+        // `index.json` is the source of truth and `index.ssx` only a faster way to read it: a
+        // binary index that cannot be read costs memory and time, not the run.
+        Err(e) => warn!(index = %bin_name, error = %e,
+            "cannot use the binary index; reading index.json instead"),
+    }
+    let json = block_on(read_json_index(location, std::time::Duration::ZERO))?;
     let index = Index::from_json(&name, &json)?;
-    Ok((json, index, true))
+    Ok((IndexBytes::Json(json), index, true))
+}
+
+/// The copy of the index `url` in folder `dir` and what `parse` makes of it; a copy that does
+/// not parse is removed (the store is read again).
+fn read_copy(
+    dir: &Path,
+    url: &str,
+    parse: impl Fn(&[u8]) -> shardstream_sharding::error::Result<Index>,
+) -> Option<(Vec<u8>, Index)> {
+    match read_index_copy(dir, url) {
+        Ok(Some(bytes)) => match parse(&bytes) {
+            Ok(index) => {
+                debug!(index = %url, cache = %dir.display(), "index read from its copy");
+                return Some((bytes, index));
+            }
+            Err(e) => {
+                warn!(index = %url, cache = %dir.display(), error = %e,
+                    "the copy of the index does not parse; reading the store again");
+                if let Err(e) = remove_index_copy(dir, url) {
+                    warn!(error = %e, "cannot remove the copy of the index");
+                }
+            }
+        },
+        Ok(None) => {}
+        Err(e) => warn!(index = %url, error = %e, "cannot read the copy of the index"),
+    }
+    None
+}
+
+/// `index.ssx` parsed, when the stream has one that mirrors its `index.json`: a HEAD of each,
+/// then a GET of `index.ssx` (under the index size cap). `None` when there is none or it is
+/// stale (with a warning); an error when it is there but cannot be read or does not parse.
+async fn read_binary_index(
+    location: &Location,
+    delay: std::time::Duration,
+) -> Result<Option<(Vec<u8>, Index)>> {
+    tokio::time::sleep(delay).await;
+    let bin_url = location.url_of(BINARY_INDEX_BASENAME);
+    let (bin_head, json_head) = tokio::join!(
+        location.head(BINARY_INDEX_BASENAME),
+        location.head("index.json")
+    );
+    let bin_head = match bin_head {
+        Ok(h) => h,
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let json_head = match json_head {
+        Ok(h) => h,
+        // Without index.json the stream is not MDS (or not there): its reader says which.
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let limit = shardstream_sharding::index_file::max_index_bytes();
+    let bytes = match location.get_at_most(BINARY_INDEX_BASENAME, limit).await {
+        Ok(bytes) => bytes.to_vec(),
+        Err(StorageError::TooLarge { size, limit, .. }) => {
+            return Err(
+                shardstream_sharding::index_file::oversized_index(&bin_url, size, limit).into(),
+            )
+        }
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let head = index_bin::header(&bin_url, &bytes)?;
+    let fresh = index_bin::is_fresh(
+        &head,
+        Some(bin_head.last_modified),
+        json_head.size,
+        Some(json_head.last_modified),
+    );
+    if !fresh {
+        warn!(index = %bin_url, recorded_json_bytes = head.json_bytes,
+            json_bytes = json_head.size,
+            "the binary index does not mirror index.json (stale); reading index.json");
+        return Ok(None);
+    }
+    let index = index_bin::from_bytes(&bin_url, &bytes)?;
+    Ok(Some((bytes, index)))
 }
 
 /// Keeps a remote index read from the store in the node's cache folder for the next opens,
 /// unless the folder has that copy already (a forked DataLoader worker of a parent that never
 /// iterated saves what its siblings saved); a failure only costs those opens a GET.
 pub(super) fn keep_index_copy(copy: &IndexCopy) {
-    if read_index_copy(&copy.dir, &copy.url).is_ok_and(|kept| kept.as_ref() == Some(&copy.json)) {
+    if read_index_copy(&copy.dir, &copy.url).is_ok_and(|kept| kept.as_ref() == Some(&copy.bytes)) {
         return;
     }
-    match save_index_copy(&copy.dir, &copy.url, &copy.json) {
+    match save_index_copy(&copy.dir, &copy.url, &copy.bytes) {
         Ok(()) => debug!(index = %copy.url, cache = %copy.dir.display(), "index copied"),
         Err(e) => warn!(index = %copy.url, cache = %copy.dir.display(), error = %e,
             "cannot keep a copy of the index; the next open reads the store again"),
     }
 }
 
-pub(super) fn read_index(location: &Location) -> Result<Vec<u8>> {
+/// Runs `fut` on a runtime of this thread only, dropped before returning: no thread outlives
+/// `open`, so a fork right after it is safe.
+fn block_on<T>(fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| StreamerError::Engine(format!("cannot start a runtime: {e}")))?;
-    // A runtime of this thread only, dropped before returning: no thread outlives `open`, so a
-    // fork right after it is safe.
-    let location = location.clone();
-    rt.block_on(async move {
-        // The index is read whole: its size (untrusted) is checked against the cap from the
-        // first response, before the rest is fetched.
-        let url = location.url_of("index.json");
-        let jitter = crate::settings::index_jitter(&shardstream_identity::os_env);
-        tokio::time::sleep(crate::settings::random_delay(jitter)).await;
-        let limit = shardstream_sharding::index_file::max_index_bytes();
-        match location.get_at_most("index.json", limit).await {
-            Ok(bytes) => Ok(bytes.to_vec()),
-            Err(StorageError::TooLarge { size, limit, .. }) => {
-                Err(shardstream_sharding::index_file::oversized_index(&url, size, limit).into())
-            }
-            Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
-            Err(e) => Err(e.into()),
+    rt.block_on(fut)
+}
+
+/// A stream's `index.json` from its location, after the start jitter (see
+/// `crate::settings::index_jitter`).
+pub(super) fn read_index(location: &Location) -> Result<Vec<u8>> {
+    let jitter = crate::settings::index_jitter(&shardstream_identity::os_env);
+    block_on(read_json_index(
+        location,
+        crate::settings::random_delay(jitter),
+    ))
+}
+
+async fn read_json_index(location: &Location, delay: std::time::Duration) -> Result<Vec<u8>> {
+    tokio::time::sleep(delay).await;
+    // The index is read whole: its size (untrusted) is checked against the cap from the first
+    // response, before the rest is fetched.
+    let url = location.url_of("index.json");
+    let limit = shardstream_sharding::index_file::max_index_bytes();
+    match location.get_at_most("index.json", limit).await {
+        Ok(bytes) => Ok(bytes.to_vec()),
+        Err(StorageError::TooLarge { size, limit, .. }) => {
+            Err(shardstream_sharding::index_file::oversized_index(&url, size, limit).into())
         }
-    })
+        Err(StorageError::NotFound { url }) => Err(StreamerError::NotFound { what: url }),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub(super) fn expected_hash(file: &FileInfo) -> Option<ExpectedHash> {

@@ -5,19 +5,20 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use shardstream_sharding::mds::index_bin;
 use shardstream_storage::Location;
 
 use super::config::open_url;
 use super::index::ShardSource;
-use super::index::{keep_index_copy, IndexCopy};
+use super::index::{keep_index_copy, read_index, IndexCopy};
 use super::metrics::{Metrics, MetricsSnapshot, Publisher};
 use super::proc::{ProcSlot, ProcState};
 use super::shard::ShardHandle;
 use crate::cache::CacheConfig;
-use crate::error::Result;
+use crate::error::{Result, StreamerError};
 use crate::memory::MemoryPlan;
 use crate::order::DatasetShape;
 
@@ -36,7 +37,8 @@ pub(crate) struct Inner {
     /// How to open each stream's location again in a new process: `(url, split, storage
     /// options)` when the dataset was opened by URL, `None` when the caller gave the location.
     pub reopen: Vec<Option<Reopen>>,
-    pub index_json: Vec<u8>,
+    /// The first stream's `index.json` (or what stands for it), for the mount's `index.json`.
+    pub index_json: IndexJson,
     pub columns: Vec<(String, String)>,
     pub shape: DatasetShape,
     pub shards: Vec<ShardSource>,
@@ -62,6 +64,54 @@ pub(crate) struct Inner {
     pub index_copies: Mutex<Vec<IndexCopy>>,
     /// Shards [`StreamingDataset::sample`] opened, kept open for its next calls.
     pub recent: Mutex<RecentShards>,
+}
+
+/// The first stream's `index.json` bytes: read at open, or, when the stream was opened from its
+/// `index.ssx`, fetched on first use (the mount's `index.json`) and checked against the size
+/// and hash the binary index records, so that what is served is what the shards came from.
+#[derive(Debug)]
+pub(crate) struct IndexJson {
+    bytes: OnceLock<Arc<[u8]>>,
+    /// Where to fetch it, and the size and xxh64 it must have.
+    lazy: Option<(Location, u64, u64)>,
+}
+
+impl IndexJson {
+    /// Bytes read at open.
+    pub(crate) fn loaded(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes: OnceLock::from(Arc::<[u8]>::from(bytes)),
+            lazy: None,
+        }
+    }
+
+    /// `index.json` of `location`, whose binary index has header `head`, read on first use.
+    pub(crate) fn lazy(location: Location, head: &index_bin::Header) -> Self {
+        Self {
+            bytes: OnceLock::new(),
+            lazy: Some((location, head.json_bytes, head.json_xxh64)),
+        }
+    }
+
+    /// The bytes, fetched now when they were not read at open.
+    pub(crate) fn get(&self) -> Result<Arc<[u8]>> {
+        if let Some(bytes) = self.bytes.get() {
+            return Ok(Arc::clone(bytes));
+        }
+        let Some((location, size, hash)) = &self.lazy else {
+            return Ok(Arc::from(Vec::new()));
+        };
+        let json = read_index(location)?;
+        if json.len() as u64 != *size || xxhash_rust::xxh64::xxh64(&json, 0) != *hash {
+            return Err(StreamerError::Format(
+                shardstream_sharding::FormatError::invalid_index(
+                    location.url_of("index.json"),
+                    "changed since the dataset was opened from its index.ssx",
+                ),
+            ));
+        }
+        Ok(Arc::clone(self.bytes.get_or_init(|| Arc::from(json))))
+    }
 }
 
 /// Shard handles kept for random access, and the process that opened them.

@@ -70,12 +70,14 @@ pub use stream::{DeferredSample, SampleStream, StreamItem, StreamPlan, StreamedS
 
 use config::open_url;
 pub use config::StreamingConfig;
-use index::IndexCopy;
 use index::Loaded;
 pub use index::StreamSpec;
+use index::{IndexBytes, IndexCopy};
+use inner::IndexJson;
 pub(crate) use inner::Inner;
 use metrics::Metrics;
 use proc::ProcSlot;
+use shardstream_sharding::mds::index_bin;
 
 use crate::memory::MemoryPlan;
 pub use crate::memory::{DEFAULT_MEMORY_LIMIT, MAX_CHUNK_BYTES, RUN_BYTES};
@@ -176,7 +178,7 @@ impl StreamingDataset {
         let mut locations = Vec::with_capacity(streams.len());
         let mut reopen = Vec::with_capacity(streams.len());
         let mut shapes = Vec::with_capacity(streams.len());
-        let mut index_json = Vec::new();
+        let mut index_json = IndexJson::loaded(Vec::new());
         let mut columns = Vec::new();
         let mut opened = Vec::with_capacity(streams.len());
         for (location, split, weight, again, tars) in streams {
@@ -220,7 +222,7 @@ impl StreamingDataset {
                     }
                     let counts = loaded.add_lit_stream(&config, &location, i, &index, &fields)?;
                     if i == 0 {
-                        index_json = json;
+                        index_json = IndexJson::loaded(json);
                     }
                     shapes.push((StreamShape::new(counts)?, weight));
                     locations.push(location);
@@ -234,7 +236,7 @@ impl StreamingDataset {
                     }
                     let counts = loaded.add_wds_stream(&config, &location, i, &tars)?;
                     if i == 0 {
-                        index_json = json;
+                        index_json = IndexJson::loaded(json);
                     }
                     shapes.push((StreamShape::new(counts)?, weight));
                     locations.push(location);
@@ -242,20 +244,27 @@ impl StreamingDataset {
                 }
             };
             if local_only {
-                indexes_hash = stable_hash_from(indexes_hash, &json);
+                indexes_hash = stable_hash_from(indexes_hash, json.bytes());
             }
             let counts = loaded.add_stream(&config, &location, i, &index)?;
+            drop(index);
+            if i == 0 {
+                columns = loaded.first_columns.clone();
+                index_json = match &json {
+                    IndexBytes::Json(bytes) => IndexJson::loaded(bytes.clone()),
+                    IndexBytes::Binary(bytes) => IndexJson::lazy(
+                        location.clone(),
+                        &index_bin::header(&location.url_of(json.basename()), bytes)?,
+                    ),
+                };
+            }
             let remote = location.local_root().is_none();
             if let (true, true, Some(dir)) = (from_store, remote, copies) {
                 index_copies.push(IndexCopy {
                     dir: dir.to_path_buf(),
-                    url: location.url_of("index.json"),
-                    json: json.clone(),
+                    url: location.url_of(json.basename()),
+                    bytes: json.into_bytes(),
                 });
-            }
-            if i == 0 {
-                columns = loaded.first_columns.clone();
-                index_json = json;
             }
             shapes.push((StreamShape::new(counts)?, weight));
             locations.push(location);
@@ -344,9 +353,10 @@ impl StreamingDataset {
         &self.inner.columns
     }
 
-    /// The raw `index.json` bytes as stored.
-    pub fn index_json(&self) -> &[u8] {
-        &self.inner.index_json
+    /// The first stream's raw `index.json` bytes as stored. A dataset opened from its
+    /// `index.ssx` fetches them on the first call (checked against what `index.ssx` mirrors).
+    pub fn index_json(&self) -> Result<Arc<[u8]>> {
+        self.inner.index_json.get()
     }
 
     /// `(shard, index within shard)` of a global sample id.
