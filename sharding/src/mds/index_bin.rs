@@ -393,16 +393,7 @@ pub fn from_bytes(path: &str, bytes: &[u8]) -> Result<Index> {
             serde_json::from_str(json).map_err(|e| invalid(path, format!("schema {i}: {e}")))?;
         parsed.push(schema);
     }
-    let hashes = |s: &str, shard: usize| -> Result<BTreeMap<String, String>> {
-        let mut out = BTreeMap::new();
-        for pair in s.split(',').filter(|p| !p.is_empty()) {
-            let (alg, hex) = pair
-                .split_once(':')
-                .ok_or_else(|| invalid(path, format!("shard {shard}: bad hash entry {pair:?}")))?;
-            out.insert(alg.to_string(), hex.to_string());
-        }
-        Ok(out)
-    };
+    let hashes = |s: &str, shard: usize| parse_hashes(path, s, shard);
     let mut out = Vec::with_capacity(shards.min(1 << 24));
     for i in 0..shards {
         let at = records_at + i * RECORD;
@@ -453,6 +444,18 @@ pub fn from_bytes(path: &str, bytes: &[u8]) -> Result<Index> {
     };
     index.validate(path)?;
     Ok(index)
+}
+
+/// A shard's hashes as the string table holds them (`alg:hex` pairs joined by `,`).
+fn parse_hashes(path: &str, text: &str, shard: usize) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (alg, hex) = pair
+            .split_once(':')
+            .ok_or_else(|| invalid(path, format!("shard {shard}: bad hash entry {pair:?}")))?;
+        out.insert(alg.to_string(), hex.to_string());
+    }
+    Ok(out)
 }
 
 /// One shard of an [`IndexView`], borrowed from its bytes.
@@ -628,6 +631,63 @@ impl IndexView {
         self.checked_shard("", i).ok()
     }
 
+    /// Shard `i` as its `index.json` entry: its schema with its files (names, sizes, hashes)
+    /// and sample count, validated as [`Index::from_json`] validates a shard. Built on each
+    /// call, so that a reader holds one entry at a time instead of the whole [`Index`];
+    /// `path` names the file in errors.
+    pub fn shard_info(&self, path: &str, i: usize) -> Result<ShardInfo> {
+        if i >= self.shards {
+            return Err(invalid(path, format!("no shard {i} of {}", self.shards)));
+        }
+        let s = self.checked_shard(path, i)?;
+        let schema = self
+            .schemas
+            .get(s.schema as usize)
+            .ok_or_else(|| invalid(path, format!("shard {i}: no schema {}", s.schema)))?;
+        let at = self.records_at + i * RECORD;
+        let hashes = |k: usize, what: &str| {
+            self.string(at + 40 + 16 * k)
+                .ok_or_else(|| {
+                    invalid(
+                        path,
+                        format!("shard {i}: {what} lies outside the string table"),
+                    )
+                })
+                .and_then(|text| parse_hashes(path, text, i))
+        };
+        let raw_data = FileInfo {
+            basename: s.raw.0.to_string(),
+            bytes: s.raw.1,
+            hashes: hashes(0, "raw hashes")?,
+        };
+        let zip_data = match s.zip {
+            Some((name, bytes)) => Some(FileInfo {
+                basename: name.to_string(),
+                bytes,
+                hashes: hashes(1, "zip hashes")?,
+            }),
+            None => None,
+        };
+        let info = ShardInfo {
+            raw_data,
+            zip_data,
+            samples: s.samples,
+            ..schema.clone()
+        };
+        info.validate(path, i)?;
+        Ok(info)
+    }
+
+    /// The file's bytes, as the view reads them.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The file's bytes, owned (the view is dropped).
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// Schema `i` as a shard entry without files (its columns, compression, hashes).
     pub fn schema(&self, i: u32) -> Option<&ShardInfo> {
         self.schemas.get(i as usize)
@@ -751,8 +811,13 @@ mod tests {
             let schema = view.schema(r.schema).unwrap();
             assert_eq!(schema.compression, s.compression);
             assert_eq!(schema.column_names, s.column_names);
+            // The whole entry, hashes included, as index.json has it.
+            assert_eq!(&view.shard_info("index.ssx", i).unwrap(), s);
         }
         assert!(view.shard(20).is_none());
+        let err = view.shard_info("ds/index.ssx", 20).unwrap_err();
+        assert!(err.to_string().contains("ds/index.ssx"), "{err}");
+        assert_eq!(view.into_bytes(), bin);
         // A basename that leaves the dataset folder is refused, naming the file.
         let evil = Index {
             version: 2,

@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use shardstream_sharding::litdata::framed::{self, FramedPrefix, PREFIX_BYTES};
 use shardstream_sharding::litdata::{ItemDecoder, LitDataIndex};
-use shardstream_sharding::mds::{Columns, Index};
+use shardstream_sharding::mds::Columns;
 use shardstream_storage::{Location, StorageError};
 
 use super::index::{load_index, read_index};
@@ -144,7 +144,7 @@ pub(crate) enum ShardSchema {
 pub(crate) enum Opened {
     /// An MDS index: the bytes of its file (`index.json` or `index.ssx`), parsed, and whether
     /// it came from the store.
-    Mds(super::index::IndexBytes, Index, bool),
+    Mds(super::index::MdsIndex, bool),
     /// WebDataset tars, counted.
     Wds(Vec<TarShard>),
     /// A LitData index: its bytes and the items' decoder.
@@ -170,7 +170,7 @@ pub(crate) fn open_stream(
             return open_litdata(location, json, allow_unsafe_types);
         }
         (None, forced) => match load_index(location, copies) {
-            Ok((json, index, from_store)) => return Ok(Opened::Mds(json, index, from_store)),
+            Ok((index, from_store)) => return Ok(Opened::Mds(index, from_store)),
             Err(StreamerError::NotFound { what }) if forced.is_none() => {
                 let names = list_tars(location)?;
                 if names.is_empty() {

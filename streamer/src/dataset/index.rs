@@ -7,14 +7,15 @@
 //! (its recorded size is not `index.json`'s, or it is older) or does not parse is ignored with
 //! a warning, and `index.json` is read.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shardstream_sharding::compression::Algorithm;
 
 use shardstream_sharding::hashing::HashAlgorithm;
-use shardstream_sharding::mds::index_bin::{self, BINARY_INDEX_BASENAME};
-use shardstream_sharding::mds::{Columns, FileInfo, Index};
+use shardstream_sharding::mds::index_bin::{self, IndexView, BINARY_INDEX_BASENAME};
+use shardstream_sharding::mds::{Columns, FileInfo, Index, ShardInfo};
 use shardstream_storage::{Location, StorageError};
 use tracing::{debug, warn};
 
@@ -34,35 +35,62 @@ pub(crate) struct IndexCopy {
     pub(super) bytes: Vec<u8>,
 }
 
-/// The bytes of the file a stream's MDS index was read from.
+/// A stream's MDS index as it was read: `index.json`'s bytes and their parse, or `index.ssx`
+/// read in place (its bytes and distinct schemas; each shard's entry is built when the shard
+/// list is, one at a time), so that a dataset of 10^6 shards never holds a whole [`Index`].
 #[derive(Debug)]
-pub(crate) enum IndexBytes {
+pub(crate) enum MdsIndex {
     /// `index.json`.
-    Json(Vec<u8>),
+    Json { bytes: Vec<u8>, index: Index },
     /// `index.ssx`, found fresh against the `index.json` beside it.
-    Binary(Vec<u8>),
+    Binary(IndexView),
 }
 
-impl IndexBytes {
+impl MdsIndex {
     /// The file's name in the stream's folder.
     pub(super) fn basename(&self) -> &'static str {
         match self {
-            IndexBytes::Json(_) => "index.json",
-            IndexBytes::Binary(_) => BINARY_INDEX_BASENAME,
+            MdsIndex::Json { .. } => "index.json",
+            MdsIndex::Binary(_) => BINARY_INDEX_BASENAME,
         }
     }
 
     /// The file's bytes.
     pub(super) fn bytes(&self) -> &[u8] {
         match self {
-            IndexBytes::Json(b) | IndexBytes::Binary(b) => b,
+            MdsIndex::Json { bytes, .. } => bytes,
+            MdsIndex::Binary(view) => view.bytes(),
         }
     }
 
-    /// The file's bytes, owned.
+    /// The file's bytes, owned (the parse is dropped).
     pub(super) fn into_bytes(self) -> Vec<u8> {
         match self {
-            IndexBytes::Json(b) | IndexBytes::Binary(b) => b,
+            MdsIndex::Json { bytes, .. } => bytes,
+            MdsIndex::Binary(view) => view.into_bytes(),
+        }
+    }
+
+    fn shard_count(&self) -> usize {
+        match self {
+            MdsIndex::Json { index, .. } => index.shards.len(),
+            MdsIndex::Binary(view) => view.len(),
+        }
+    }
+
+    /// Shard `i`'s entry; `path` names the file in errors.
+    fn shard_info(&self, path: &str, i: usize) -> Result<Cow<'_, ShardInfo>> {
+        match self {
+            MdsIndex::Json { index, .. } => {
+                index
+                    .shards
+                    .get(i)
+                    .map(Cow::Borrowed)
+                    .ok_or_else(|| StreamerError::NotFound {
+                        what: format!("shard {i} of {path}"),
+                    })
+            }
+            MdsIndex::Binary(view) => Ok(Cow::Owned(view.shard_info(path, i)?)),
         }
     }
 }
@@ -93,17 +121,19 @@ pub(super) struct Loaded {
 }
 
 impl Loaded {
-    /// Adds stream `stream` from its `index.json` bytes; returns its per-shard sample counts.
+    /// Adds stream `stream` from its MDS index; returns its per-shard sample counts.
     pub(super) fn add_stream(
         &mut self,
         config: &StreamingConfig,
         location: &Location,
         stream: usize,
-        index: &Index,
+        index: &MdsIndex,
     ) -> Result<Vec<u64>> {
-        let index_name = location.url_of("index.json");
+        let index_name = location.url_of(index.basename());
         let in_place = location.local_root().is_some() && !config.copy_local;
-        if let Some(s) = index.shards.first() {
+        let count = index.shard_count();
+        if count > 0 {
+            let s = index.shard_info(&index_name, 0)?;
             let cols = s
                 .column_names
                 .iter()
@@ -114,9 +144,11 @@ impl Loaded {
                 self.first_columns = cols;
             }
         }
-        let mut counts = Vec::with_capacity(index.shards.len());
+        let mut counts = Vec::with_capacity(count);
         let mut prev_columns: Option<Arc<Columns>> = None;
-        for info in &index.shards {
+        for i in 0..count {
+            let info = index.shard_info(&index_name, i)?;
+            let info = info.as_ref();
             let columns = Columns::from_shard_info(&index_name, info, config.allow_unsafe_types)?;
             let columns = match prev_columns {
                 Some(prev) if *prev == columns => prev,
@@ -315,29 +347,28 @@ impl Loaded {
 /// when there is one that parses (`index.ssx`'s first, then `index.json`'s; see
 /// `crate::cache::read_index_copy`), else from the store: `index.ssx` when it is there and
 /// fresh, else `index.json`. A local index is always read where it is.
-pub(super) fn load_index(
-    location: &Location,
-    copies: Option<&Path>,
-) -> Result<(IndexBytes, Index, bool)> {
+pub(super) fn load_index(location: &Location, copies: Option<&Path>) -> Result<(MdsIndex, bool)> {
     let name = location.url_of("index.json");
     let bin_name = location.url_of(BINARY_INDEX_BASENAME);
     let copies = copies.filter(|_| location.local_root().is_none());
     if let Some(dir) = copies {
-        let parse_bin = |b: &[u8]| index_bin::from_bytes(&bin_name, b);
-        if let Some((bin, index)) = read_copy(dir, &bin_name, parse_bin) {
-            return Ok((IndexBytes::Binary(bin), index, false));
+        let parse_bin = |b: Vec<u8>| IndexView::parse(&bin_name, b).map(MdsIndex::Binary);
+        if let Some(index) = read_copy(dir, &bin_name, parse_bin) {
+            return Ok((index, false));
         }
-        let parse_json = |b: &[u8]| Index::from_json(&name, b);
-        if let Some((json, index)) = read_copy(dir, &name, parse_json) {
-            return Ok((IndexBytes::Json(json), index, false));
+        let parse_json = |bytes: Vec<u8>| {
+            Index::from_json(&name, &bytes).map(|index| MdsIndex::Json { bytes, index })
+        };
+        if let Some(index) = read_copy(dir, &name, parse_json) {
+            return Ok((index, false));
         }
     }
     let jitter = crate::settings::index_jitter(&shardstream_identity::os_env);
     let delay = crate::settings::random_delay(jitter);
     match block_on(read_binary_index(location, delay)) {
-        Ok(Some((bin, index))) => {
+        Ok(Some(view)) => {
             debug!(index = %bin_name, "binary index read");
-            return Ok((IndexBytes::Binary(bin), index, true));
+            return Ok((MdsIndex::Binary(view), true));
         }
         Ok(None) => {}
         // `index.json` is the source of truth and `index.ssx` only a faster way to read it: a
@@ -347,7 +378,7 @@ pub(super) fn load_index(
     }
     let json = block_on(read_json_index(location, std::time::Duration::ZERO))?;
     let index = Index::from_json(&name, &json)?;
-    Ok((IndexBytes::Json(json), index, true))
+    Ok((MdsIndex::Json { bytes: json, index }, true))
 }
 
 /// The copy of the index `url` in folder `dir` and what `parse` makes of it; a copy that does
@@ -355,13 +386,13 @@ pub(super) fn load_index(
 fn read_copy(
     dir: &Path,
     url: &str,
-    parse: impl Fn(&[u8]) -> shardstream_sharding::error::Result<Index>,
-) -> Option<(Vec<u8>, Index)> {
+    parse: impl FnOnce(Vec<u8>) -> shardstream_sharding::error::Result<MdsIndex>,
+) -> Option<MdsIndex> {
     match read_index_copy(dir, url) {
-        Ok(Some(bytes)) => match parse(&bytes) {
+        Ok(Some(bytes)) => match parse(bytes) {
             Ok(index) => {
                 debug!(index = %url, cache = %dir.display(), "index read from its copy");
-                return Some((bytes, index));
+                return Some(index);
             }
             Err(e) => {
                 warn!(index = %url, cache = %dir.display(), error = %e,
@@ -383,7 +414,7 @@ fn read_copy(
 async fn read_binary_index(
     location: &Location,
     delay: std::time::Duration,
-) -> Result<Option<(Vec<u8>, Index)>> {
+) -> Result<Option<IndexView>> {
     tokio::time::sleep(delay).await;
     let bin_url = location.url_of(BINARY_INDEX_BASENAME);
     let (bin_head, json_head) = tokio::join!(
@@ -425,8 +456,7 @@ async fn read_binary_index(
             "the binary index does not mirror index.json (stale); reading index.json");
         return Ok(None);
     }
-    let index = index_bin::from_bytes(&bin_url, &bytes)?;
-    Ok(Some((bytes, index)))
+    Ok(Some(IndexView::parse(&bin_url, bytes)?))
 }
 
 /// Keeps a remote index read from the store in the node's cache folder for the next opens,

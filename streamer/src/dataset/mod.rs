@@ -72,7 +72,7 @@ use config::open_url;
 pub use config::StreamingConfig;
 use index::Loaded;
 pub use index::StreamSpec;
-use index::{IndexBytes, IndexCopy};
+use index::{IndexCopy, MdsIndex};
 use inner::IndexJson;
 pub(crate) use inner::Inner;
 use metrics::Metrics;
@@ -208,14 +208,14 @@ impl StreamingDataset {
         // of the decompressed shards of the old one (hashed only for such a dataset).
         let mut indexes_hash = STABLE_HASH_START;
         for (i, (location, weight, tars)) in opened.into_iter().enumerate() {
-            let (json, index, from_store) = match format::open_stream(
+            let (index, from_store) = match format::open_stream(
                 &location,
                 tars,
                 config.format,
                 copies,
                 config.allow_unsafe_types,
             )? {
-                format::Opened::Mds(json, index, from_store) => (json, index, from_store),
+                format::Opened::Mds(index, from_store) => (index, from_store),
                 format::Opened::LitData(json, index, fields) => {
                     if local_only {
                         indexes_hash = stable_hash_from(indexes_hash, &json);
@@ -244,26 +244,30 @@ impl StreamingDataset {
                 }
             };
             if local_only {
-                indexes_hash = stable_hash_from(indexes_hash, json.bytes());
+                indexes_hash = stable_hash_from(indexes_hash, index.bytes());
             }
             let counts = loaded.add_stream(&config, &location, i, &index)?;
-            drop(index);
+            // The file's bytes only from here on: the parse is dropped.
+            let basename = index.basename();
+            let binary = matches!(index, MdsIndex::Binary(_));
+            let bytes = index.into_bytes();
             if i == 0 {
                 columns = loaded.first_columns.clone();
-                index_json = match &json {
-                    IndexBytes::Json(bytes) => IndexJson::loaded(bytes.clone()),
-                    IndexBytes::Binary(bytes) => IndexJson::lazy(
+                index_json = if binary {
+                    IndexJson::lazy(
                         location.clone(),
-                        &index_bin::header(&location.url_of(json.basename()), bytes)?,
-                    ),
+                        &index_bin::header(&location.url_of(basename), &bytes)?,
+                    )
+                } else {
+                    IndexJson::loaded(bytes.clone())
                 };
             }
             let remote = location.local_root().is_none();
             if let (true, true, Some(dir)) = (from_store, remote, copies) {
                 index_copies.push(IndexCopy {
                     dir: dir.to_path_buf(),
-                    url: location.url_of(json.basename()),
-                    bytes: json.into_bytes(),
+                    url: location.url_of(basename),
+                    bytes,
                 });
             }
             shapes.push((StreamShape::new(counts)?, weight));

@@ -118,10 +118,16 @@ pub fn moto_with(dir: &Path, rt: &tokio::runtime::Runtime) -> MotoServer {
     server
 }
 
-/// Uploads `dir` to `s3://bucket/<prefix>` on `server`.
+/// Uploads `dir` to `s3://bucket/<prefix>` on `server`. Set-up, not what is tested: moto is
+/// given minutes per part (a loaded CI machine took more than the tests' 30 s for parts of
+/// the 256 MiB shards).
 pub fn upload(server: &MotoServer, dir: &Path, prefix: &str, rt: &tokio::runtime::Runtime) {
     rt.block_on(async {
-        let loc = server.open(&format!("s3://bucket/{prefix}")).unwrap();
+        let mut options = options_for(&server.endpoint());
+        options.timeouts.request = std::time::Duration::from_secs(180);
+        options.retry.retry_timeout = std::time::Duration::from_secs(180);
+        let loc =
+            Location::open_with(&format!("s3://bucket/{prefix}"), &options, &test_env()).unwrap();
         shardstream_storage::sync_up(dir, &loc).await.unwrap();
     });
 }
