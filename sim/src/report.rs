@@ -145,10 +145,10 @@ impl Report {
             (
                 "index".into(),
                 format!(
-                    "{} per node, {:.2} s to fetch and parse, {} GETs",
+                    "{} per node, {:.2} s to fetch and parse, {} requests",
                     bytes(s.index_bytes as f64),
                     s.index_seconds,
-                    s.index_gets
+                    s.index_requests
                 ),
             ),
             ("first batch (process)".into(), q(&s.process_first_batch)),

@@ -188,7 +188,7 @@ pub fn model_prefix(
             throttled += bad;
             failed += failed_now;
             second += total;
-            if (step + 1 - half) % per_second == 0 {
+            if (step + 1 - half).is_multiple_of(per_second) {
                 seconds_seen += 1;
                 if second > limit * 1.000_001 {
                     seconds_over += 1;

@@ -59,8 +59,9 @@ pub struct StartupReport {
     pub index_bytes: u64,
     /// Seconds to fetch and parse it on one node, unthrottled.
     pub index_seconds: f64,
-    /// GETs of `index.json` (one per process: a cold node's processes start together).
-    pub index_gets: u64,
+    /// Requests for the index: two per process (a cold node's processes start together), the
+    /// GET of `index.ssx` (404 without one) and then that of `index.json` (a HEAD with one).
+    pub index_requests: u64,
     /// Shard GETs the first batches start, all nodes.
     pub first_gets: u64,
     /// Distinct shards per node for the first batches (largest).
@@ -180,19 +181,35 @@ pub fn model_startup(
     let start: Vec<f64> = (0..nodes)
         .map(|n| spread * n as f64 / nodes as f64)
         .collect();
-    // The index: one GET per process on the dataset's own prefix (0); a node's workers start
-    // when its last process has the index.
-    let index_issued: Vec<f64> = start
+    // The index: two requests per process, one after the other, on the dataset's own prefix
+    // (0): the GET of `index.ssx` (a 404 without one), then the GET of `index.json` (or its
+    // HEAD, when `index.ssx` was there); a node's workers start when its last process has it.
+    let probe_issued: Vec<f64> = start
         .iter()
         .flat_map(|&t| std::iter::repeat_n(t, per_node))
         .collect();
-    let (index_done, index_throttled) = serve(
-        &index_issued,
-        &vec![0; index_issued.len()],
-        shards.prefixes as usize,
+    let prefixes = shards.prefixes as usize;
+    let (probe_done, _) = serve(
+        &probe_issued,
+        &vec![0; probe_issued.len()],
+        prefixes,
         s.get_limit,
         s.latency,
     );
+    // Both rounds served together, each second request issued when its first was answered
+    // alone: they share the prefix's second-by-second budget.
+    let index_issued = [probe_issued.as_slice(), probe_done.as_slice()].concat();
+    let (both_done, index_throttled) = serve(
+        &index_issued,
+        &vec![0; index_issued.len()],
+        prefixes,
+        s.get_limit,
+        s.latency,
+    );
+    let index_done = both_done
+        .get(probe_issued.len()..)
+        .unwrap_or_default()
+        .to_vec();
     let ready: Vec<f64> = index_done
         .chunks(per_node.max(1))
         .map(|c| c.iter().copied().fold(0.0, f64::max) + index_transfer + index_parse)
@@ -261,8 +278,8 @@ pub fn model_startup(
     }
     Ok(StartupReport {
         index_bytes: shards.index_bytes,
-        index_seconds: s.latency + index_transfer + index_parse,
-        index_gets: index_issued.len() as u64,
+        index_seconds: 2.0 * s.latency + index_transfer + index_parse,
+        index_requests: index_issued.len() as u64,
         first_gets: issued.len() as u64,
         first_shards_per_node_max: node_shards
             .iter()

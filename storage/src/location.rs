@@ -311,7 +311,7 @@ impl Location {
     }
 }
 
-fn object_info(key: String, meta: ObjectMeta) -> ObjectInfo {
+pub(crate) fn object_info(key: String, meta: ObjectMeta) -> ObjectInfo {
     ObjectInfo {
         key,
         size: meta.size,

@@ -325,7 +325,7 @@ fn scan(path: &Path) -> Result<(u64, Vec<Checkpoint>)> {
     let (mut offset, mut line, mut line_start, mut has_content) = (0u64, 1u64, 0u64, false);
     let mut end_line = |records: &mut u64, line_start: u64, line: u64, has_content: bool| {
         if has_content {
-            if *records % CHECKPOINT_EVERY == 0 {
+            if (*records).is_multiple_of(CHECKPOINT_EVERY) {
                 checkpoints.push(Checkpoint {
                     offset: line_start,
                     line,

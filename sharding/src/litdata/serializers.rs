@@ -186,7 +186,7 @@ fn torch_dtype(idx: u32) -> LeafResult<DType> {
 }
 
 fn one_d(dtype: DType, data: &[u8]) -> LeafResult<Value> {
-    if data.len() % dtype.size() != 0 {
+    if !data.len().is_multiple_of(dtype.size()) {
         return bad(format!(
             "{} bytes is not a whole number of {} elements",
             data.len(),

@@ -19,7 +19,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{chunk_ranges, TempFile};
 use crate::error::{Result, StorageError};
-use crate::location::Location;
+use crate::location::{object_info, Location};
+use crate::ObjectInfo;
 
 /// One ranged GET; checks that the whole range came back.
 async fn fetch_chunk(
@@ -217,6 +218,16 @@ impl Location {
     /// over `limit` bytes is [`StorageError::TooLarge`], known from the first response's size,
     /// before the rest of it is fetched or any buffer for it is allocated.
     pub async fn get_at_most(&self, rel: &str, limit: u64) -> Result<Bytes> {
+        Ok(self.get_at_most_with_info(rel, limit).await?.0)
+    }
+
+    /// [`Self::get_at_most`], with what the first response said of the object (size, ETag,
+    /// last modified): one request less than a HEAD before the GET.
+    pub async fn get_at_most_with_info(
+        &self,
+        rel: &str,
+        limit: u64,
+    ) -> Result<(Bytes, ObjectInfo)> {
         let opts = self.options();
         self.get_bounded(rel, opts.chunk_size, opts.concurrency, Some(limit))
             .await
@@ -232,7 +243,10 @@ impl Location {
         chunk_size: usize,
         concurrency: usize,
     ) -> Result<Bytes> {
-        self.get_bounded(rel, chunk_size, concurrency, None).await
+        Ok(self
+            .get_bounded(rel, chunk_size, concurrency, None)
+            .await?
+            .0)
     }
 
     async fn get_bounded(
@@ -241,7 +255,7 @@ impl Location {
         chunk_size: usize,
         concurrency: usize,
         limit: Option<u64>,
-    ) -> Result<Bytes> {
+    ) -> Result<(Bytes, ObjectInfo)> {
         let path = self.path(rel)?;
         let chunk = limit.map_or(chunk_size.max(1) as u64, |l| {
             (chunk_size.max(1) as u64).min(l.saturating_add(1))
@@ -254,14 +268,16 @@ impl Location {
                 limit,
             });
         }
+        let info = object_info(rel.to_string(), meta);
         let fetched = head.len() as u64;
-        if fetched >= meta.size {
-            return Ok(head);
+        if fetched >= info.size {
+            return Ok((head, info));
         }
         let permits = Arc::new(Semaphore::new(concurrency.max(1)));
-        let ranges = chunk_ranges(fetched..meta.size, chunk);
-        let rest = chunk_stream(self, rel, &path, ranges, meta.e_tag, permits, concurrency);
-        collect(rest, head, meta.size).await
+        let ranges = chunk_ranges(fetched..info.size, chunk);
+        let etag = info.e_tag.clone();
+        let rest = chunk_stream(self, rel, &path, ranges, etag, permits, concurrency);
+        Ok((collect(rest, head, info.size).await?, info))
     }
 
     /// Downloads `rel` to `dest`: chunks are written to a temporary file in `dest`'s folder,

@@ -408,33 +408,25 @@ fn read_copy(
     None
 }
 
-/// `index.ssx` parsed, when the stream has one that mirrors its `index.json`: a HEAD of each,
-/// then a GET of `index.ssx` (under the index size cap). `None` when there is none or it is
-/// stale (with a warning); an error when it is there but cannot be read or does not parse.
+/// `index.ssx` parsed, when the stream has one that mirrors its `index.json`: a GET of
+/// `index.ssx` (under the index size cap), then, when it is there, a HEAD of `index.json` for
+/// its freshness. Two requests whether or not the stream has one (a dataset without it costs
+/// one 404 before its `index.json` GET), so that 4,096 processes starting together do not add
+/// a round of HEADs to the start-up burst on the dataset's prefix (`docs/scale.md`). `None`
+/// when there is none or it is stale (with a warning); an error when it is there but cannot be
+/// read or does not parse.
 async fn read_binary_index(
     location: &Location,
     delay: std::time::Duration,
 ) -> Result<Option<IndexView>> {
     tokio::time::sleep(delay).await;
     let bin_url = location.url_of(BINARY_INDEX_BASENAME);
-    let (bin_head, json_head) = tokio::join!(
-        location.head(BINARY_INDEX_BASENAME),
-        location.head("index.json")
-    );
-    let bin_head = match bin_head {
-        Ok(h) => h,
-        Err(StorageError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let json_head = match json_head {
-        Ok(h) => h,
-        // Without index.json the stream is not MDS (or not there): its reader says which.
-        Err(StorageError::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
     let limit = shardstream_sharding::index_file::max_index_bytes();
-    let bytes = match location.get_at_most(BINARY_INDEX_BASENAME, limit).await {
-        Ok(bytes) => bytes.to_vec(),
+    let (bytes, bin_info) = match location
+        .get_at_most_with_info(BINARY_INDEX_BASENAME, limit)
+        .await
+    {
+        Ok(got) => got,
         Err(StorageError::TooLarge { size, limit, .. }) => {
             return Err(
                 shardstream_sharding::index_file::oversized_index(&bin_url, size, limit).into(),
@@ -443,10 +435,16 @@ async fn read_binary_index(
         Err(StorageError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
+    let json_head = match location.head("index.json").await {
+        Ok(h) => h,
+        // Without index.json the stream is not MDS (or not there): its reader says which.
+        Err(StorageError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let head = index_bin::header(&bin_url, &bytes)?;
     let fresh = index_bin::is_fresh(
         &head,
-        Some(bin_head.last_modified),
+        Some(bin_info.last_modified),
         json_head.size,
         Some(json_head.last_modified),
     );
@@ -456,7 +454,7 @@ async fn read_binary_index(
             "the binary index does not mirror index.json (stale); reading index.json");
         return Ok(None);
     }
-    Ok(Some(IndexView::parse(&bin_url, bytes)?))
+    Ok(Some(IndexView::parse(&bin_url, bytes.to_vec())?))
 }
 
 /// Keeps a remote index read from the store in the node's cache folder for the next opens,

@@ -164,7 +164,7 @@ pub(crate) fn naive_partition(
     let mut positions: Vec<u64> = (start..global_len).collect();
     match remainder {
         Remainder::Pad => {
-            while positions.len() as u64 % g != 0 {
+            while !(positions.len() as u64).is_multiple_of(g) {
                 positions.push(global_len + (positions.len() as u64 - (global_len - start)));
             }
         }
