@@ -150,15 +150,8 @@ impl ShapingConfig {
             };
         }
         let number = |var: &'static str, current: f64| -> Result<f64> {
-            match env.get(var).filter(|v| !v.trim().is_empty()) {
-                None => Ok(current),
-                Some(v) => v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x > 0.0)
-                    .ok_or_else(|| bad(var, "expected a positive number")),
-            }
+            let positive = |x: &f64| x.is_finite() && *x > 0.0;
+            Ok(env_value(env, var, positive, "expected a positive number")?.unwrap_or(current))
         };
         config.start_rate = number(START_RATE_ENV, config.start_rate)?;
         config.min_rate = number(MIN_RATE_ENV, config.min_rate)?;
@@ -243,16 +236,8 @@ impl ShapingConfig {
 /// product over it) is a configuration error naming the variable.
 pub fn node_processes(env: &Env) -> Result<u32> {
     let count = |var: &'static str, least: u32| -> Result<Option<u32>> {
-        match env.get(var).filter(|v| !v.trim().is_empty()) {
-            None => Ok(None),
-            Some(v) => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (least..=MAX_PROCESSES).contains(n))
-                .map(Some)
-                .ok_or_else(|| bad(var, "expected a whole number of processes")),
-        }
+        let in_range = |n: &u32| (least..=MAX_PROCESSES).contains(n);
+        env_value(env, var, in_range, "expected a whole number of processes")
     };
     if let Some(n) = count(PROCESSES_ENV, 1)? {
         return Ok(n);
@@ -271,20 +256,36 @@ pub fn node_processes(env: &Env) -> Result<u32> {
 /// Nodes of the job: torchrun's `WORLD_SIZE / LOCAL_WORLD_SIZE` when both are set, else 1.
 pub fn job_nodes(env: &Env) -> Result<u32> {
     let get = |var: &'static str| -> Result<Option<u32>> {
-        match env.get(var).filter(|v| !v.trim().is_empty()) {
-            None => Ok(None),
-            Some(v) => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n >= 1)
-                .map(Some)
-                .ok_or_else(|| bad(var, "expected a positive whole number")),
-        }
+        env_value(
+            env,
+            var,
+            |n: &u32| *n >= 1,
+            "expected a positive whole number",
+        )
     };
     match (get(WORLD_SIZE_ENV)?, get(LOCAL_WORLD_SIZE_ENV)?) {
         (Some(world), Some(local)) => Ok((world / local).max(1)),
         _ => Ok(1),
+    }
+}
+
+/// `var` of `env` parsed, `None` when unset or blank; a value that does not parse or that
+/// `accept` refuses is a configuration error naming the variable and saying what was expected.
+fn env_value<T: std::str::FromStr>(
+    env: &Env,
+    var: &'static str,
+    accept: impl Fn(&T) -> bool,
+    expected: &str,
+) -> Result<Option<T>> {
+    match env.get(var).filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<T>()
+            .ok()
+            .filter(accept)
+            .map(Some)
+            .ok_or_else(|| bad(var, expected)),
     }
 }
 

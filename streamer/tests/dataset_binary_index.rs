@@ -9,21 +9,14 @@
 use std::path::Path;
 
 use crate::common;
-use common::{check_sample, moto_with, runtime, s3_location, stream_world, write_dataset, Spec};
+use common::{
+    check_sample, moto_with, runtime, s3_location, small_node_config as config, stream_world,
+    write_dataset, Spec,
+};
 use shardstream_sharding::mds::index_bin::{self, BINARY_INDEX_BASENAME};
 use shardstream_sharding::mds::Index;
 use shardstream_streamer::order::{OrderConfig, World};
 use shardstream_streamer::{StreamingConfig, StreamingDataset};
-
-fn config(cache_root: &Path) -> StreamingConfig {
-    StreamingConfig {
-        cache_root: Some(cache_root.to_path_buf()),
-        run_id: Some("run".into()),
-        node_rank: Some(0),
-        memory_limit: Some(4 << 20),
-        ..StreamingConfig::default()
-    }
-}
 
 /// Writes `index.ssx` mirroring the `index.json` in `dir`.
 fn write_binary_index(dir: &Path) {

@@ -10,21 +10,12 @@ use crate::common;
 use std::path::Path;
 
 use common::{
-    check_sample, moto_with, runtime, s3_location, stream_world, upload, write_dataset, Spec,
+    check_sample, moto_with, runtime, s3_location, small_node_config as config, stream_world,
+    upload, write_dataset, Spec,
 };
 use shardstream_storage::testing::MotoServer;
 use shardstream_streamer::order::{OrderConfig, World};
 use shardstream_streamer::{StreamPlan, StreamerError, StreamingConfig, StreamingDataset};
-
-fn config(cache_root: &Path) -> StreamingConfig {
-    StreamingConfig {
-        cache_root: Some(cache_root.to_path_buf()),
-        run_id: Some("run".into()),
-        node_rank: Some(0),
-        memory_limit: Some(4 << 20),
-        ..StreamingConfig::default()
-    }
-}
 
 /// Opens the dataset `moto_with` uploaded under `ds`, with `config` (its `remote` set to it).
 fn open_on_moto(server: &MotoServer, config: StreamingConfig) -> StreamingDataset {

@@ -153,6 +153,17 @@ pub fn node_config(cache: &Path) -> StreamingConfig {
     }
 }
 
+/// Node 0 of run `run` cached under `cache_root`, with a 4 MiB memory budget; no dataset.
+pub fn small_node_config(cache_root: &Path) -> StreamingConfig {
+    StreamingConfig {
+        cache_root: Some(cache_root.to_path_buf()),
+        run_id: Some("run".into()),
+        node_rank: Some(0),
+        memory_limit: Some(4 << 20),
+        ..StreamingConfig::default()
+    }
+}
+
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
