@@ -2,7 +2,8 @@
 # Issue 39 "Numbers": cold-epoch throughput ÷ raw parallel GET (8 in flight) of the same shards,
 # per object-store server of the conformance suite (moto, s3s-fs, fake-gcs-server, Azurite),
 # each on 127.0.0.1 with a 29 MB dataset (3,000 samples of 10 KB in 1 MiB shards), the median of
-# 3 runs. Prints a Markdown table. The servers come from scripts/setup-servers.sh.
+# 3 runs; then checkpoint save and load ÷ raw PUT and GET, per server. Prints two Markdown tables.
+# The servers come from scripts/setup-servers.sh.
 #
 #     bash benches/backends.sh
 #
@@ -11,5 +12,8 @@
 # here, not a cloud figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release -p shardstream-streamer --test it \
+cargo test --release -p shardstream-streamer --test it \
   conformance::throughput_cold_epoch_vs_raw_get -- --ignored --nocapture --test-threads 1
+# Checkpoints: save and load (4 ranks x 32 MiB) ÷ raw PUT and GET of the same bytes.
+exec cargo test --release -p shardstream-checkpoint --test it \
+  conformance::throughput_save_load_vs_raw_put_get -- --ignored --nocapture --test-threads 1

@@ -196,3 +196,173 @@ async fn save_at_two_load_at_one_race_and_gc(kind: ServerKind) {
         "step_1 left objects"
     );
 }
+
+/// Issue 39 "Numbers": checkpoint save and load ÷ raw PUT and GET of the same bytes, per
+/// server: 4 ranks × 32 MiB, the ranks' files written at once (one PUT each, as the default
+/// 64 MiB parts make them) and read back at once; raw is `Location::put`/`get` of the same
+/// objects with the same concurrency. Medians of 3. Not part of the suite (`#[ignore]`);
+/// `benches/backends.sh` runs it in release mode.
+#[test]
+#[ignore = "a benchmark: benches/backends.sh"]
+fn throughput_save_load_vs_raw_put_get() {
+    const RANKS: u32 = 4;
+    const FILE: usize = 32 * MIB;
+    let runs = 3;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let files: Vec<Bytes> = (0..RANKS).map(|r| data(90 + u64::from(r), FILE)).collect();
+    let total = (FILE * RANKS as usize) as f64;
+    let mb_s = |start: std::time::Instant| total / start.elapsed().as_secs_f64() / 1e6;
+    println!("| server | raw PUT MB/s | save MB/s | save ÷ PUT | raw GET MB/s | load MB/s | load ÷ GET |");
+    println!("|---|---|---|---|---|---|---|");
+    for kind in ServerKind::ALL {
+        if require(kind).is_none() {
+            println!("| {} | not installed | | | | | |", kind.name());
+            continue;
+        }
+        rt.block_on(async {
+            let server = TestServer::start(kind).await.unwrap();
+            server.create_bucket("bench").await.unwrap();
+            let can_put = kind.documented_capabilities().put;
+            let (mut put, mut save, mut get, mut load) = (vec![], vec![], vec![], vec![]);
+            for run in 0..runs {
+                let loc = server
+                    .open(&server.url("bench", &format!("run{run}")))
+                    .unwrap();
+                let root = CheckpointRoot::from_location(&loc);
+                let id = "step_1";
+                if can_put {
+                    let start = std::time::Instant::now();
+                    let puts = files.iter().enumerate().map(|(r, b)| {
+                        let loc = &loc;
+                        async move { loc.put(&format!("raw/{r}.bin"), b.clone()).await }
+                    });
+                    for p in futures::future::join_all(puts).await {
+                        p.unwrap();
+                    }
+                    put.push(mb_s(start));
+
+                    let start = std::time::Instant::now();
+                    let attempt = root.begin_save(id).await.unwrap();
+                    let uploads = files.iter().enumerate().map(|(r, b)| {
+                        let (root, attempt) = (&root, &attempt);
+                        async move {
+                            let rank = r as u32;
+                            let w = root
+                                .rank_writer(attempt, rank, &UploadConfig::default())
+                                .unwrap();
+                            w.upload_bytes(&format!("__{rank}_0.distcp"), b.clone())
+                                .await
+                        }
+                    });
+                    let records = futures::future::join_all(uploads)
+                        .await
+                        .into_iter()
+                        .collect::<Result<Vec<_>, _>>()
+                        .unwrap();
+                    let request = CommitRequest {
+                        records,
+                        world_size: RANKS,
+                        ..Default::default()
+                    };
+                    root.commit(&attempt, request).await.unwrap();
+                    save.push(mb_s(start));
+                } else {
+                    // fake-gcs-server: no writes through object_store; its own upload API.
+                    let dir = tempfile::tempdir().unwrap();
+                    for (r, b) in files.iter().enumerate() {
+                        std::fs::create_dir_all(dir.path().join("raw")).unwrap();
+                        std::fs::write(dir.path().join(format!("raw/{r}.bin")), b).unwrap();
+                    }
+                    let local = Location::open_with(
+                        dir.path().to_str().unwrap(),
+                        &StorageOptions::default(),
+                        &Env::default(),
+                    )
+                    .unwrap();
+                    let local_root = CheckpointRoot::from_location(&local);
+                    let attempt = local_root.begin_save(id).await.unwrap();
+                    let mut records = Vec::new();
+                    for (r, b) in files.iter().enumerate() {
+                        let w = local_root
+                            .rank_writer(&attempt, r as u32, &UploadConfig::default())
+                            .unwrap();
+                        records.push(
+                            w.upload_bytes(&format!("__{r}_0.distcp"), b.clone())
+                                .await
+                                .unwrap(),
+                        );
+                    }
+                    let request = CommitRequest {
+                        records,
+                        world_size: RANKS,
+                        ..Default::default()
+                    };
+                    local_root.commit(&attempt, request).await.unwrap();
+                    server.upload_dir(dir.path(), &loc).await.unwrap();
+                }
+
+                let start = std::time::Instant::now();
+                let gets = (0..RANKS).map(|r| {
+                    let loc = &loc;
+                    async move { loc.get(&format!("raw/{r}.bin")).await }
+                });
+                for (g, want) in futures::future::join_all(gets)
+                    .await
+                    .into_iter()
+                    .zip(&files)
+                {
+                    assert!(g.unwrap() == *want);
+                }
+                get.push(mb_s(start));
+
+                let start = std::time::Instant::now();
+                let reader = root.open(id).await.unwrap();
+                let mut paths: Vec<String> = reader
+                    .manifest()
+                    .files
+                    .iter()
+                    .map(|f| f.path.clone())
+                    .collect();
+                paths.sort();
+                let reads = paths.iter().map(|p| reader.read_file(p));
+                for (g, want) in futures::future::join_all(reads)
+                    .await
+                    .into_iter()
+                    .zip(&files)
+                {
+                    assert!(g.unwrap() == *want);
+                }
+                load.push(mb_s(start));
+            }
+            let median = |v: &mut Vec<f64>| -> Option<f64> {
+                v.sort_by(|a, b| a.total_cmp(b));
+                v.get(v.len() / 2).copied()
+            };
+            let show = |x: Option<f64>| x.map_or("no writes".to_string(), |x| format!("{x:.0}"));
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", a / b),
+                _ => "—".to_string(),
+            };
+            let (p, s, g, l) = (
+                median(&mut put),
+                median(&mut save),
+                median(&mut get),
+                median(&mut load),
+            );
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                kind.name(),
+                show(p),
+                show(s),
+                ratio(s, p),
+                show(g),
+                show(l),
+                ratio(l, g)
+            );
+        });
+    }
+}
