@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-step() { printf '\n=== %s (%s free on disk)\n' "$*" "$(df -h --output=avail . | tail -n 1 | tr -d ' ')"; }
+# Each step says when it starts (seconds since the script did), so a slow CI run shows where.
+step() { printf '\n=== %s (%s free on disk, at %s s)\n' "$*" "$(df -h --output=avail . | tail -n 1 | tr -d ' ')" "$SECONDS"; }
 
 # CI builds once from scratch: incremental state would only take disk.
 if [ "${CI:-}" = true ]; then
@@ -60,3 +61,4 @@ export SHARDSTREAM_BIN="$root/target/debug/shardstream"
 
 step "fuzz smoke"
 bash scripts/fuzz-smoke.sh
+step "done"
