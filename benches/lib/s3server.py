@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
 import threading
@@ -196,6 +197,9 @@ class S3sFsServer(S3Server):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.root = Path(root)
+        # A fresh store each run, as moto's in-memory one is: the last run's bucket would make
+        # CreateBucket fail, and its objects would be served instead of this run's uploads.
+        shutil.rmtree(self.root, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [exe, "--host", "127.0.0.1", "--port", str(self.port), "--access-key", "bench", "--secret-key", "bench",
