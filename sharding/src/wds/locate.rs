@@ -19,16 +19,30 @@ pub struct LocatedSample {
     pub fields: Vec<(String, Range<u64>)>,
 }
 
-/// Counts the bytes read through it: the position in the tar.
-struct Counted<R> {
+/// A reader that counts the bytes read through it: the position in a stream read front to
+/// back (a tar being located, a tar being measured).
+#[derive(Debug)]
+pub struct CountingReader<R> {
     inner: R,
-    pos: u64,
+    position: u64,
 }
 
-impl<R: Read> Read for Counted<R> {
+impl<R> CountingReader<R> {
+    /// Counts from 0.
+    pub fn new(inner: R) -> Self {
+        Self { inner, position: 0 }
+    }
+
+    /// Bytes read so far.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+}
+
+impl<R: Read> Read for CountingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.pos += n as u64;
+        self.position += n as u64;
         Ok(n)
     }
 }
@@ -38,13 +52,7 @@ impl<R: Read> Read for Counted<R> {
 /// never with their sizes. A repeated extension within a sample is an error, as in
 /// `webdataset`.
 pub fn locate_samples<R: Read>(reader: R, url: &str) -> Result<Vec<LocatedSample>> {
-    let mut tar = TarStream::new(
-        Counted {
-            inner: reader,
-            pos: 0,
-        },
-        url.to_string(),
-    );
+    let mut tar = TarStream::new(CountingReader::new(reader), url.to_string());
     let mut out: Vec<LocatedSample> = Vec::new();
     while let Some(member) = tar.next_member()? {
         if !member.regular || is_metadata(&member.name) {
@@ -54,7 +62,7 @@ pub fn locate_samples<R: Read>(reader: R, url: &str) -> Result<Vec<LocatedSample
         let Some((key, ext)) = base_plus_ext(&member.name) else {
             continue;
         };
-        let start = tar.get_ref().pos;
+        let start = tar.get_ref().position();
         let end = start
             .checked_add(tar.data_len())
             .ok_or_else(|| FormatError::Tar {

@@ -49,7 +49,7 @@ mod tar_read;
 mod writer;
 
 pub use braces::{braceexpand, expand_urls, expand_urls_with, MAX_EXPANDED_URLS};
-pub use locate::{locate_samples, LocatedSample};
+pub use locate::{locate_samples, CountingReader, LocatedSample};
 pub use reader::{base_plus_ext, WdsReadOptions, WdsReader, WdsSample, DEFAULT_MAX_MEMBER_SIZE};
 pub use tar_read::MAX_EXTENSION_SIZE;
 pub use writer::{

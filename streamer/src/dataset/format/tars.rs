@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
-use shardstream_sharding::wds::{braceexpand, locate_samples, LocatedSample};
+use shardstream_sharding::wds::{braceexpand, locate_samples, CountingReader, LocatedSample};
 use shardstream_storage::{Location, StorageError};
 use tracing::{debug, info, warn};
 
@@ -225,27 +225,11 @@ fn count_one(rel: &str, url: &str, stored: u64, reader: impl Read) -> Result<Tar
 
 /// Locates the samples of a whole tar stream; returns them and the stream's length.
 pub(crate) fn locate_all(url: &str, reader: impl Read) -> Result<(Vec<LocatedSample>, u64)> {
-    let mut counted = Counted {
-        inner: reader,
-        pos: 0,
-    };
+    let mut counted = CountingReader::new(reader);
     let samples = locate_samples(&mut counted, url)?;
     io::copy(&mut counted, &mut io::sink())
         .map_err(|e| corrupt(url, format!("read error: {e}")))?;
-    Ok((samples, counted.pos))
-}
-
-struct Counted<R> {
-    inner: R,
-    pos: u64,
-}
-
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
+    Ok((samples, counted.position()))
 }
 
 /// Bytes fetched per request when a remote tar is scanned.
