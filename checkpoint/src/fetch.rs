@@ -5,13 +5,13 @@
 //! concatenation afterwards, and a local read runs on several threads as torch's own
 //! `FileSystemReader` cannot.
 
-use crate::checksum::crc32c;
+use crate::checksum::{crc32c, Crc32c};
 use crate::error::{CheckpointError, Result};
 use crate::metrics::{add, CheckpointMetrics};
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, ObjectStore};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -57,13 +57,6 @@ pub async fn read_pieces(
     let total = usize::try_from(last.end.saturating_sub(first.start)).map_err(|_| {
         CheckpointError::InvalidConfig(format!("a {}-byte read", last.end - first.start))
     })?;
-    if let (None, [only]) = (target.local, pieces) {
-        // One remote piece: its body is already one buffer; keep it instead of copying it.
-        add(&metrics.get_requests, 1);
-        let b = get_range(target, only.clone(), metrics).await?;
-        let crc = crc32c(&b);
-        return Ok((b, vec![crc]));
-    }
     let (file, concurrency) = match target.local {
         // A local read is a page-cache copy, bound by CPU rather than latency: more threads
         // than cores would only take turns (and take them from the caller decoding the bytes).
@@ -108,11 +101,7 @@ pub async fn read_pieces(
                         add(&metrics.bytes_read, slot.len() as u64);
                         crc
                     }
-                    None => {
-                        let b = get_range(target, r, metrics).await?;
-                        slot.copy_from_slice(&b);
-                        crc32c(&b)
-                    }
+                    None => read_remote_into(target, r, &mut slot, metrics).await?,
                 };
                 Ok::<_, CheckpointError>((slot, crc))
             }
@@ -130,25 +119,52 @@ pub async fn read_pieces(
     Ok((out.freeze(), crcs))
 }
 
-async fn get_range(
+/// Streams the ranged GET of `r` straight into `slot` (exactly `r`'s length) and returns its
+/// CRC32C. Each body chunk is copied once, into its final place, and checksummed while it is
+/// still in cache: collecting the body first would cost a second copy of every byte and a
+/// fresh allocation per GET whose page faults show at checkpoint sizes.
+async fn read_remote_into(
     target: ReadTarget<'_>,
     r: Range<u64>,
+    slot: &mut [u8],
     metrics: &CheckpointMetrics,
-) -> Result<Bytes> {
-    let b = target
+) -> Result<u32> {
+    let options = GetOptions {
+        range: Some(GetRange::Bounded(r.clone())),
+        ..Default::default()
+    };
+    let mut body = target
         .store
-        .get_range(target.path, r.clone())
+        .get_opts(target.path, options)
         .await
-        .map_err(|e| CheckpointError::store("get", target.path, e))?;
-    if b.len() as u64 != r.end - r.start {
-        return Err(CheckpointError::SizeMismatch {
-            path: target.path.clone(),
-            expected: r.end - r.start,
-            actual: b.len() as u64,
-        });
+        .map_err(|e| CheckpointError::store("get", target.path, e))?
+        .into_stream();
+    let mismatch = |actual: u64| CheckpointError::SizeMismatch {
+        path: target.path.clone(),
+        expected: r.end - r.start,
+        actual,
+    };
+    let mut crc = Crc32c::new();
+    let mut filled = 0usize;
+    while let Some(chunk) = body
+        .try_next()
+        .await
+        .map_err(|e| CheckpointError::store("get", target.path, e))?
+    {
+        // A server that sends more than the range asked for is refused before the copy.
+        let end = filled
+            .checked_add(chunk.len())
+            .filter(|&end| end <= slot.len())
+            .ok_or_else(|| mismatch(filled as u64 + chunk.len() as u64))?;
+        slot[filled..end].copy_from_slice(&chunk);
+        crc.update(&chunk);
+        filled = end;
     }
-    add(&metrics.bytes_read, b.len() as u64);
-    Ok(b)
+    if filled != slot.len() {
+        return Err(mismatch(filled as u64));
+    }
+    add(&metrics.bytes_read, filled as u64);
+    Ok(crc.value())
 }
 
 async fn open_local(path: &Path, local: &std::path::Path) -> Result<std::fs::File> {
@@ -196,7 +212,7 @@ mod tests {
     use super::*;
     use object_store::local::LocalFileSystem;
     use object_store::memory::InMemory;
-    use object_store::PutPayload;
+    use object_store::{ObjectStoreExt, PutPayload};
 
     #[test]
     fn cut_respects_chunk_and_alignment() {
