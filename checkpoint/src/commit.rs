@@ -21,7 +21,9 @@
 //! s3s-fs's servers check for the object and then write it, so two puts that both pass the check
 //! are both told they created it (the conformance suite measured it: 1 round in 16 on moto, most
 //! rounds on s3s-fs). The read-back covers that too, after a short [`ATOMIC_SETTLE`]: the racing
-//! put passed its check before ours landed, so it lands within its own write time.
+//! put passed its check before ours landed, so it lands within its own write time. Where the
+//! create is known to be atomic (a local directory, Amazon S3's own endpoint:
+//! [`CheckpointRoot::create_is_atomic`]) the read-back follows the put at once.
 
 use crate::error::{CheckpointError, Result};
 use crate::layout::{join, now_unix_ms, step_from_id, validate_relative_path};
@@ -47,7 +49,7 @@ pub const SETTLE: Duration = Duration::from_secs(3);
 
 /// On a store that honours `If-None-Match`, the wait before the read-back: a store whose
 /// condition is a check followed by a write lets a racing put that passed its check land this
-/// soon after ours (module docs). 0.5 s on a rare operation.
+/// soon after ours (module docs). 0.5 s on a rare operation; none where the create is atomic.
 pub const ATOMIC_SETTLE: Duration = Duration::from_millis(500);
 
 /// The name, inside the attempt directory, of the object probed with two create-only puts.
@@ -249,7 +251,7 @@ impl CheckpointRoot {
                 );
             }
             tokio::time::sleep(SETTLE).await;
-        } else {
+        } else if !self.create_is_atomic() {
             tokio::time::sleep(ATOMIC_SETTLE).await;
         }
         self.verify_manifest(attempt, &manifest, &mpath).await?;

@@ -103,6 +103,7 @@ pub struct CheckpointRoot {
     root: Path,
     local_root: Option<PathBuf>,
     metrics: Arc<CheckpointMetrics>,
+    create_is_atomic: bool,
 }
 
 impl CheckpointRoot {
@@ -113,6 +114,7 @@ impl CheckpointRoot {
             root,
             local_root: None,
             metrics: CheckpointMetrics::global(),
+            create_is_atomic: false,
         }
     }
 
@@ -121,6 +123,7 @@ impl CheckpointRoot {
     pub fn from_location(location: &Location) -> Self {
         Self {
             local_root: location.local_root().map(PathBuf::from),
+            create_is_atomic: location.create_is_atomic(),
             ..Self::new(location.store().clone(), location.prefix().clone())
         }
     }
@@ -149,6 +152,14 @@ impl CheckpointRoot {
     /// The root prefix.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether the store's create-only put is known to be atomic
+    /// (`shardstream_storage::Location::create_is_atomic`; false for a root built with
+    /// [`CheckpointRoot::new`]): the commit then reads its manifest back without waiting
+    /// a short settle first.
+    pub fn create_is_atomic(&self) -> bool {
+        self.create_is_atomic
     }
 
     /// The local directory of the root, when the store is a POSIX directory.

@@ -13,7 +13,7 @@ use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::backend;
-use crate::env::Env;
+use crate::env::{Env, S3Settings};
 use crate::error::{Result, StorageError};
 use crate::key;
 use crate::listing;
@@ -52,6 +52,7 @@ pub struct Location {
     url: String,
     local_root: Option<PathBuf>,
     options: Arc<StorageOptions>,
+    atomic_create: bool,
 }
 
 impl Location {
@@ -69,6 +70,17 @@ impl Location {
     /// Opens an already parsed URL.
     pub fn from_url(url: &StorageUrl, options: &StorageOptions, env: &Env) -> Result<Self> {
         let store = backend::build(url, env, options)?;
+        let atomic_create = match url {
+            // object_store writes a local create-only put to a temporary file and hard-links
+            // it into place: the link is the check and the write at once.
+            StorageUrl::Local { .. } => true,
+            // Amazon S3 itself makes `If-None-Match: *` atomic; an S3-compatible server at a
+            // custom endpoint may check and then write (moto's and s3s-fs's servers do).
+            StorageUrl::S3 { .. } => S3Settings::resolve(env, options)?.endpoint.is_none(),
+            // GCS and Azure Blob are atomic, but their emulators are set up through many keys
+            // (service account files, emulator flags): not told apart here, so not trusted.
+            StorageUrl::Gcs { .. } | StorageUrl::Azure { .. } => false,
+        };
         let (prefix, local_root) = match url {
             StorageUrl::S3 { prefix, .. }
             | StorageUrl::Gcs { prefix, .. }
@@ -88,6 +100,7 @@ impl Location {
             url: url.to_string(),
             local_root,
             options: Arc::new(options.clone()),
+            atomic_create,
         })
     }
 
@@ -99,6 +112,8 @@ impl Location {
     ) -> Self {
         Self {
             store: wrap(Arc::clone(&self.store)),
+            // A wrapped store is another store: its create-only puts are not vouched for.
+            atomic_create: false,
             ..self.clone()
         }
     }
@@ -122,6 +137,15 @@ impl Location {
             local_root: self.local_path(rel)?,
             ..self.clone()
         })
+    }
+
+    /// Whether this store's create-only put (`If-None-Match: *`) is one atomic step, so that of
+    /// two racing creates exactly one is told it succeeded: true for a local directory and for
+    /// Amazon S3's own endpoint, false where it is not known (custom endpoints, emulators, GCS
+    /// and Azure, a wrapped store). Checkpoint commits wait a little before their read-back
+    /// where it is false.
+    pub fn create_is_atomic(&self) -> bool {
+        self.atomic_create
     }
 
     /// The backend store.

@@ -94,3 +94,39 @@ async fn failing_store_rules_pick_requests_and_map_to_typed_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn create_is_atomic_only_where_it_is_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = local(&dir);
+    assert!(
+        loc.create_is_atomic(),
+        "a local directory's create is a hard link"
+    );
+    // A decorated store is another store: not vouched for.
+    assert!(!loc
+        .map_store(|s| Arc::new(SlowStore::new(s, Duration::ZERO)))
+        .create_is_atomic());
+    let open = |url: &str, env: &[(&str, &str)]| {
+        Location::open_with(
+            url,
+            &StorageOptions::default(),
+            &Env::from_pairs(env.to_vec()),
+        )
+        .unwrap()
+        .create_is_atomic()
+    };
+    let keys = [("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")];
+    assert!(open("s3://bucket/p", &keys), "Amazon S3's own endpoint");
+    let custom = [&keys[..], &[("AWS_ENDPOINT_URL", "http://127.0.0.1:9")]].concat();
+    assert!(
+        !open("s3://bucket/p", &custom),
+        "an S3-compatible server may check, then write"
+    );
+    // Azure (and GCS): their emulators are not told apart from the service, so never trusted.
+    let azure = [
+        ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+        ("AZURE_STORAGE_ACCOUNT_KEY", "a2V5"),
+    ];
+    assert!(!open("az://container/p", &azure));
+}
