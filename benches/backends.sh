@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Issue 39 "Numbers": cold-epoch throughput ÷ raw parallel GET (8 in flight) of the same shards,
 # per object-store server of the conformance suite (moto, s3s-fs, fake-gcs-server, Azurite),
-# each on 127.0.0.1 with a 29 MB dataset (3,000 samples of 10 KB in 1 MiB shards), the median of
-# 3 runs; then checkpoint save and load ÷ raw PUT and GET, per server. Prints two Markdown tables.
+# each on 127.0.0.1, the median of 3 runs, on two datasets: 29 MB (3,000 samples of 10 KB in 1 MiB
+# shards), whose ~0.1 s epoch is mostly start-up, and 256 MB (100 KB samples in 16 MiB shards;
+# SHARDSTREAM_COLD_BENCH_MB sets it, 0 skips it) where the steady state shows;
+# SHARDSTREAM_COLD_BENCH_SERVERS=moto,s3s-fs picks servers. Then checkpoint save and load ÷ raw
+# PUT and GET, per server. Prints Markdown tables.
 # The servers come from scripts/setup-servers.sh.
 #
 #     bash benches/backends.sh

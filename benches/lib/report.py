@@ -263,8 +263,12 @@ class Report:
             add(4, f"Python, {mid}, {dl}: {what} lower than every peer's (ratio to the lowest peer < 1)", v, 0.9999,
                 better="lower", unit="×", what=ctx)
         f_w, f_c = "warm · read every file once", "cold · read every file once"
+        # The warm goal compares `cat` with `cat` (the ceiling is `cat` of the shard files); the
+        # Python reader's row is reported beside it, against the same ceiling.
+        f_wcat = "warm · `cat` every file"
         for prof in self.meta["fuse_profiles"]:
-            add(5, f"mount warm, {prof}: ≥ 0.90 × page-cache read", frac(self._find("fuse", "shardstream mount", prof, f_w), self._ceiling(prof, "warm")), 0.90)
+            add(5, f"mount warm, {prof}: ≥ 0.90 × page-cache read (`cat` through the mount ÷ `cat` of the files)",
+                frac(self._find("fuse", "shardstream mount", prof, f_wcat), self._ceiling(prof, "warm")), 0.90)
             add(5, f"mount cold, {prof}: ≥ 0.80 × raw parallel GET", frac(self._find("fuse", "shardstream mount", prof, f_c), self._ceiling(prof, "cold")), 0.80)
             ss, peer = self._find("fuse", "shardstream mount", prof, f_c), self._best_peer("fuse", prof, f_c)
             add(5, f"mount cold, {prof}: ≥ 2× s3fs and rclone", frac(ss, peer), 2.0, unit="×")

@@ -186,18 +186,50 @@ fn outage_mid_epoch(kind: ServerKind) {
 #[test]
 #[ignore = "a benchmark: benches/backends.sh"]
 fn throughput_cold_epoch_vs_raw_get() {
-    let spec = Spec {
+    // Two datasets: the quick one, whose ~0.1 s epoch is mostly start-up (the index, the first
+    // shard, the cache files' fsyncs), and a larger one in 16 MiB shards where the steady
+    // state shows (`SHARDSTREAM_COLD_BENCH_MB`, 256 by default; 0 skips it).
+    let large_mb: u64 = std::env::var("SHARDSTREAM_COLD_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let quick = Spec {
         samples: 3000,
         sample_bytes: 10_000,
         shard_limit: 1 << 20,
         compression: None,
         hashes: false,
     };
+    let large = Spec {
+        samples: large_mb * 10,
+        sample_bytes: 100_000,
+        shard_limit: 16 << 20,
+        compression: None,
+        hashes: false,
+    };
+    let only: Option<String> = std::env::var("SHARDSTREAM_COLD_BENCH_SERVERS").ok();
+    for (what, spec) in [("29 MB in 1 MiB shards", quick), ("large", large)] {
+        if spec.samples == 0 {
+            continue;
+        }
+        let mb = spec.samples * spec.sample_bytes as u64 / 1_000_000;
+        println!(
+            "\n{what}: {mb} MB, {} samples of {} B",
+            spec.samples, spec.sample_bytes
+        );
+        cold_epoch_vs_raw_get(&spec, only.as_deref());
+    }
+}
+
+fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
     let runs = 3;
     println!("| server | raw parallel GET MB/s | cold epoch MB/s | ratio |");
     println!("|---|---|---|---|");
     for kind in ServerKind::ALL {
-        let Some(s) = served(kind, &spec) else {
+        if only.is_some_and(|o| !o.split(',').any(|n| n == kind.name())) {
+            continue;
+        }
+        let Some(s) = served(kind, spec) else {
             println!("| {} | not installed | | |", kind.name());
             continue;
         };
