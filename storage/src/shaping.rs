@@ -28,7 +28,8 @@
 //!   `cooldown` per prefix (every attempt in flight during one throttling episode reports
 //!   it; one episode is one decrease, as in TCP).
 //! - State is per process: `N` processes on one prefix each run their own AIMD loop and
-//!   converge together, as TCP flows share a link. The limiter is shared by every store of a
+//!   converge together, as TCP flows share a link (the processes of one node decrease
+//!   together through the node signal, below). The limiter is shared by every store of a
 //!   process with the same [`ShapingConfig`].
 //! - **Node share**: the rates (`start_rate`, `min_rate`, `max_rate`) are a node's, divided
 //!   among the processes of the node that shape requests, so that a node of `P` processes
@@ -39,6 +40,21 @@
 //!   unset) when torchrun's `LOCAL_WORLD_SIZE` is set, else 1: a single process is unchanged.
 //!   Without it, 512 nodes x 8 ranks x 8 workers are 32,768 states whose floor alone
 //!   (`min_rate` 1/s each) is over a prefix's 5,500 GET/s (`docs/scale.md`).
+//! - **Node signal**: when a process decreases its rate for a prefix on its own `503`, it
+//!   records the time in the node's signal; every other process of the node reads the signal
+//!   of a prefix at most once per `node_poll` (50 ms; before taking a token, so no read per
+//!   request) and, if a process of the node decreased within the last `cooldown` and this one
+//!   has not during that episode, decreases too, as of that time
+//!   ([`Shaper::follow_node`]). A node's processes thus decrease together, once per episode,
+//!   as one limiter would. The signal is a small file per prefix in the node's folder
+//!   ([`FileSignal`], `<node folder>/shaping/<hash of the prefix>`, UNIX nanoseconds written
+//!   to a temporary file and renamed over); the node folder is [`NODE_DIR_ENV`] when set, else
+//!   the one the streamer resolves for its cache (`<cache-root>/<run-id>/<node-rank>/`,
+//!   registered with [`use_node_folder`]). Without a node folder, or with
+//!   `SHARDSTREAM_SHAPING_NODE_DIR=off`, each process runs on its own `503`s only. A file that
+//!   cannot be read or written, or holds anything but a timestamp, is logged and ignored:
+//!   the signal never fails a request. [`MemorySignal`] is the same signal in memory (tests,
+//!   the scale simulator).
 //! - Retries of a throttled request are also jittered by `object_store`'s backoff
 //!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
 //!   [`crate::RetryPolicy`]) and then take a token like any attempt.
@@ -46,7 +62,8 @@
 //! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and node (a
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
 //! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
-//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2. The `SHARDSTREAM_SHAPING*`
+//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2, node signal on (read every 50 ms).
+//! The `SHARDSTREAM_SHAPING*`
 //! variables ([`ShapingConfig::from_env`]) change them.
 //!
 //! ```
