@@ -101,7 +101,8 @@ pub struct FileSignal {
 
 impl FileSignal {
     /// The signal of the node whose folder is `node_dir` (its files go in
-    /// `node_dir/shaping/`, created on the first publish).
+    /// `node_dir/shaping/`, created on the first publish; a `node_dir` that does not exist
+    /// is not made, and the signal is then off).
     pub fn new(node_dir: &Path) -> Self {
         Self {
             dir: node_dir.join(SIGNAL_DIR),
@@ -142,7 +143,12 @@ impl FileSignal {
             path: path.clone(),
             source,
         };
-        fs::create_dir_all(&self.dir).map_err(io)?;
+        // Only the signal's own folder is made: the node folder is its owner's (the cache
+        // marks it before anything else goes in; an unmarked folder is refused at a restart).
+        match fs::create_dir(&self.dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io(e)),
+            _ => {}
+        }
         let n = self.written.fetch_add(1, Ordering::Relaxed);
         let tmp = path.with_extension(format!("{}.{n}.tmp", std::process::id()));
         let written = fs::File::create(&tmp)
@@ -236,6 +242,12 @@ mod tests {
         assert_eq!(s.last("p"), None);
         assert!(matches!(s.read("p"), Err(SignalError::Corrupt { .. })));
         fs::write(s.path_of("p"), b"").unwrap();
+        assert_eq!(s.last("p"), None);
+        // A node folder that does not exist is not made.
+        let gone = dir.path().join("gone");
+        let s = FileSignal::new(&gone);
+        s.publish("p", Instant::now());
+        assert!(!gone.exists());
         assert_eq!(s.last("p"), None);
         // A node folder that is a file: publishing logs, reading finds nothing.
         let file = dir.path().join("file");
