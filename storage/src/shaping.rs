@@ -933,6 +933,43 @@ mod tests {
     }
 
     #[test]
+    fn a_throttle_in_another_process_decreases_this_one() {
+        // This test runs itself again as the other process, which is throttled on "p".
+        const CHILD: &str = "SHARDSTREAM_TEST_NODE_SIGNAL_CHILD";
+        let node = |dir: PathBuf| ShapingConfig {
+            start_rate: 100.0,
+            node_dir: Some(dir),
+            // Long enough for a child process to start on a loaded machine.
+            cooldown: Duration::from_secs(30),
+            ..config()
+        };
+        if let Some(dir) = std::env::var_os(CHILD) {
+            let other = Shaper::new(node(dir.into()));
+            let now = Instant::now();
+            other.reserve("p", now);
+            assert!(other.throttled("p", now));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let this = Shaper::new(node(dir.path().to_path_buf()));
+        let t0 = Instant::now();
+        this.reserve("p", t0);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "shaping::tests::a_throttle_in_another_process_decreases_this_one",
+                "--test-threads=1",
+            ])
+            .env(CHILD, dir.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(this.follow_node("p", Instant::now() + Duration::from_millis(100)));
+        assert_eq!(this.state("p").unwrap().rate, 50.0);
+    }
+
+    #[test]
     fn the_node_folder_comes_from_the_environment() {
         let env = Env::from_pairs([(NODE_DIR_ENV, "/tmp/node")]);
         let c = ShapingConfig::from_env(&env).unwrap();
