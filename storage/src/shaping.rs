@@ -63,8 +63,7 @@
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
 //! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
 //! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2, node signal on (read every 50 ms).
-//! The `SHARDSTREAM_SHAPING*`
-//! variables ([`ShapingConfig::from_env`]) change them.
+//! The `SHARDSTREAM_SHAPING*` variables ([`ShapingConfig::from_env`]) change them.
 //!
 //! ```
 //! use shardstream_storage::shaping::ShapingConfig;
@@ -214,9 +213,10 @@ impl ShapingConfig {
     /// The parameters of one of `processes` processes of a node, one of `nodes` nodes of a
     /// job: `start_rate`, `min_rate` and `max_rate` divided by `processes` (so that a node's
     /// processes add up to one limiter), `increase` by `processes x nodes` (so that the whole
-    /// job regains `increase` per second: each process's decreases are its own, and
-    /// uncorrelated decreases only hold a prefix near its limit when the sum of the increases
-    /// is small; see `docs/scale.md`). `shared_by(1, 1)` is `self`.
+    /// job regains `increase` per second: each node's decreases are its own (each process's,
+    /// without the node signal), and uncorrelated decreases only hold a prefix near its limit
+    /// when the sum of the increases is small; see `docs/scale.md`). `shared_by(1, 1)` is
+    /// `self`.
     pub fn shared_by(&self, processes: u32, nodes: u32) -> Self {
         let n = f64::from(processes.max(1));
         Self {
