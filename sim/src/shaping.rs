@@ -100,7 +100,7 @@ fn limiter_config(shaping: &Shaping) -> ShapingConfig {
         max_rate: shaping.max_rate,
         increase: shaping.increase,
         decrease: shaping.decrease,
-        cooldown: Duration::from_secs_f64(shaping.cooldown.max(0.0)),
+        cooldown: Duration::try_from_secs_f64(shaping.cooldown.max(0.0)).unwrap_or(Duration::MAX),
         burst_seconds: shaping.burst_seconds,
         jitter: shaping.jitter,
         node_signal: shaping.node_signal,
