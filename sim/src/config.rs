@@ -191,6 +191,10 @@ pub struct Shaping {
     /// The node's rates divided among its processes (the shipped policy); `false` models one
     /// full set of rates per process (a process that does not know its node's size).
     pub node_share: bool,
+    /// A throttle of one process of a node decreases the node's other processes too (the
+    /// shipped policy when the node has a folder: `storage::shaping`'s node signal); `false`
+    /// models each process decreasing on its own `503`s only.
+    pub node_signal: bool,
 }
 
 impl Default for Shaping {
@@ -207,6 +211,7 @@ impl Default for Shaping {
             burst_seconds: 0.25,
             jitter: 0.2,
             node_share: true,
+            node_signal: true,
         }
     }
 }

@@ -75,7 +75,8 @@ pub fn simulate(config: &SimConfig) -> Result<Report> {
     // `storage::shaping` counts them.
     let ranks = u64::from(config.cluster.ranks_per_node);
     let workers = u64::from(config.cluster.workers);
-    let clients = u64::from(config.cluster.nodes) * ranks * workers.max(1);
+    let nodes = u64::from(config.cluster.nodes);
+    let per_node = ranks * workers.max(1);
     let demand = epoch.get_per_s_per_prefix_mean;
     let mut off = config.shaping.clone();
     off.enabled = false;
@@ -89,8 +90,8 @@ pub fn simulate(config: &SimConfig) -> Result<Report> {
     on.enabled = true;
     let limit = config.store.get_limit;
     let rates = vec![
-        shaping::model_prefix(demand, clients, limit, &off, config.model.seconds),
-        shaping::model_prefix(demand, clients, limit, &on, config.model.seconds),
+        shaping::model_prefix(demand, nodes, per_node, limit, &off, config.model.seconds),
+        shaping::model_prefix(demand, nodes, per_node, limit, &on, config.model.seconds),
     ];
     let resize = match &config.resize {
         Some(r) => Some(resize::model_resize(config, &order, &shards, r)?),

@@ -12,16 +12,37 @@
 //! process (a stall, not a request). The caller passes each process's parameters: with the
 //! shipped share, the node's rates divided by its processes and the increase by the job's
 //! (`Shaping::shared_by`).
-//! Processes are simulated in 256 groups of equal behaviour; a group decreases when one of its
-//! processes would, with the probability that one of them saw a `503` in the step.
+//!
+//! Processes are simulated in groups of equal behaviour, and each group's rate is the state
+//! of a real `storage::shaping::Shaper` (its increase, its decrease and cooldown, its node
+//! signal); the token bucket and the traffic are fluid (fractions of attempts per step).
+//! - Without the node signal: 256 groups; a group decreases (`Shaper::throttled`) with the
+//!   probability that one of its processes saw a `503` in the step.
+//! - With the node signal (`Shaping::node_signal`, as shipped): one group of nodes per node
+//!   (at most 2,048 groups of nodes; beyond, a group holds several nodes, which then decrease
+//!   together), each split into two halves with their own `Shaper` sharing the group's
+//!   `MemorySignal`. A half decreases with the probability that, on one node, one of its
+//!   processes saw a `503`; it publishes that on the signal, and the other half follows at its
+//!   next read of the signal (`Shaper::follow_node`, every `node_poll`), as a node's processes
+//!   do through their node folder.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use shardstream_storage::shaping::{MemorySignal, NodeSignal, Shaper, ShapingConfig};
 use shardstream_storage::RetryPolicy;
 
 use crate::config::Shaping;
 
 const DT: f64 = 0.01;
 const GROUPS: usize = 256;
+/// Most groups of nodes with the node signal.
+const NODE_GROUPS: u64 = 2048;
+/// Groups (each with its own `Shaper`) per group of nodes with the node signal.
+const HALVES: u64 = 2;
+/// The prefix the limiters are asked about.
+const PREFIX: &str = "prefix/";
 
 /// What the prefix saw.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -51,10 +72,41 @@ pub struct RateReport {
 }
 
 struct Group {
-    rate: f64,
+    shaper: Shaper,
+    decreases: u64,
     tokens: f64,
-    cooldown_until: f64,
     backlog: f64,
+}
+
+impl Group {
+    /// The limiter's rate, and the saved tokens spent if it decreased since the last look.
+    fn rate(&mut self) -> f64 {
+        let state = self.shaper.state(PREFIX);
+        let (rate, decreases) = state.map_or((0.0, 0), |s| (s.rate, s.decreases));
+        if decreases != self.decreases {
+            self.decreases = decreases;
+            self.tokens = self.tokens.min(0.0);
+        }
+        rate
+    }
+}
+
+/// The limiter parameters of `shaping`.
+fn limiter_config(shaping: &Shaping) -> ShapingConfig {
+    ShapingConfig {
+        enabled: true,
+        start_rate: shaping.start_rate,
+        min_rate: shaping.min_rate,
+        max_rate: shaping.max_rate,
+        increase: shaping.increase,
+        decrease: shaping.decrease,
+        cooldown: Duration::try_from_secs_f64(shaping.cooldown.max(0.0)).unwrap_or(Duration::MAX),
+        burst_seconds: shaping.burst_seconds,
+        jitter: shaping.jitter,
+        node_signal: shaping.node_signal,
+        node_dir: None,
+        ..ShapingConfig::default()
+    }
 }
 
 /// splitmix64, for the groups' decrease draws (deterministic).
@@ -71,15 +123,18 @@ impl Draws {
     }
 }
 
-/// Plays `seconds` of `clients` processes wanting `demand` requests/s from a prefix of
-/// `limit` requests/s.
+/// Plays `seconds` of `nodes x per_node` processes wanting `demand` requests/s from a prefix
+/// of `limit` requests/s.
 pub fn model_prefix(
     demand: f64,
-    clients: u64,
+    nodes: u64,
+    per_node: u64,
     limit: f64,
     shaping: &Shaping,
     seconds: f64,
 ) -> RateReport {
+    let (nodes, per_node) = (nodes.max(1), per_node.max(1));
+    let clients = nodes * per_node;
     let retry = RetryPolicy::default();
     let steps = (seconds / DT).ceil().max(2.0) as usize;
     let init = retry.init_backoff.as_secs_f64();
@@ -87,14 +142,44 @@ pub fn model_prefix(
     let attempts = retry.max_retries;
     // retries[a][step]: attempts of retry number a+1 due at step.
     let mut retries = vec![vec![0f64; steps + 1]; attempts];
-    let groups = (clients.max(1) as usize).min(GROUPS);
-    let per_group = clients.max(1) as f64 / groups as f64;
+    let limiter = limiter_config(shaping);
+    let start = Instant::now();
+    let node_signal = shaping.enabled && shaping.node_signal;
+    // Groups of processes with one limiter each, and the processes of one node in a group
+    // (the unit whose `503` decreases the group).
+    let halves = if node_signal { per_node.min(HALVES) } else { 1 };
+    let (groups, member) = if node_signal {
+        (
+            (nodes.min(NODE_GROUPS) * halves) as usize,
+            per_node as f64 / halves as f64,
+        )
+    } else {
+        ((clients as usize).min(GROUPS), 1.0)
+    };
+    let halves = halves as usize;
+    let per_group = clients as f64 / groups as f64;
+    let mut signal: Option<Arc<dyn NodeSignal>> = None;
     let mut g: Vec<Group> = (0..groups)
-        .map(|_| Group {
-            rate: shaping.start_rate,
-            tokens: shaping.start_rate * shaping.burst_seconds,
-            cooldown_until: 0.0,
-            backlog: 0.0,
+        .map(|i| {
+            let shaper = if node_signal {
+                if i % halves == 0 {
+                    signal = Some(Arc::new(MemorySignal::new()));
+                }
+                match &signal {
+                    Some(s) => Shaper::with_signal(limiter.clone(), Arc::clone(s)),
+                    None => Shaper::new(limiter.clone()),
+                }
+            } else {
+                Shaper::new(limiter.clone())
+            };
+            // The prefix's state, as the first attempt makes it.
+            shaper.reserve(PREFIX, start);
+            Group {
+                shaper,
+                decreases: 0,
+                tokens: shaping.start_rate * shaping.burst_seconds,
+                backlog: 0.0,
+            }
         })
         .collect();
     let mut draws = Draws(0x5EED);
@@ -104,7 +189,7 @@ pub fn model_prefix(
     let mut second = 0.0;
     let (mut seconds_seen, mut seconds_over, mut offered_peak) = (0u64, 0u64, 0f64);
     for step in 0..steps {
-        let t = step as f64 * DT;
+        let now = start + Duration::from_nanos((step as f64 * DT * 1e9).round() as u64);
         let due: Vec<f64> = retries.iter().map(|r| r[step]).collect();
         let due_total: f64 = due.iter().sum();
         // Each group's fresh attempts and its share of the retries due.
@@ -112,7 +197,8 @@ pub fn model_prefix(
         for (i, grp) in g.iter_mut().enumerate() {
             let want = demand * DT / groups as f64 + due_total / groups as f64 + grp.backlog;
             sent[i] = if shaping.enabled {
-                let per_client_rate = grp.rate;
+                grp.shaper.follow_node(PREFIX, now);
+                let per_client_rate = grp.rate();
                 grp.tokens = (grp.tokens + per_client_rate * DT)
                     .min((per_client_rate * shaping.burst_seconds).max(1.0));
                 let allowed = grp.tokens.max(0.0) * per_group;
@@ -171,14 +257,12 @@ pub fn model_prefix(
         if shaping.enabled {
             for (i, grp) in g.iter_mut().enumerate() {
                 let per_client = sent[i] / per_group;
-                let p_throttled = 1.0 - (-phi * per_client).exp();
+                let p_throttled = 1.0 - (-phi * per_client * member).exp();
                 let ok_client = per_client * (1.0 - phi);
-                grp.rate = (grp.rate + ok_client * shaping.increase / grp.rate.max(1e-9))
-                    .min(shaping.max_rate);
-                if phi > 0.0 && t >= grp.cooldown_until && draws.next() < p_throttled {
-                    grp.rate = (grp.rate * shaping.decrease).max(shaping.min_rate);
-                    grp.tokens = 0.0;
-                    grp.cooldown_until = t + shaping.cooldown;
+                grp.shaper.succeeded_many(PREFIX, ok_client);
+                if phi > 0.0 && draws.next() < p_throttled {
+                    // Once per cooldown, published to the node's other half.
+                    grp.shaper.throttled(PREFIX, now);
                 }
             }
         }
@@ -229,7 +313,7 @@ mod tests {
                 enabled,
                 ..Shaping::default()
             };
-            let r = model_prefix(1000.0, 64, 5500.0, &shaping, 10.0);
+            let r = model_prefix(1000.0, 8, 8, 5500.0, &shaping, 10.0);
             assert!((r.offered - 1000.0).abs() < 1.0, "{r:?}");
             assert_eq!(r.throttled, 0.0);
         }
@@ -241,26 +325,33 @@ mod tests {
             enabled: false,
             ..Shaping::default()
         };
-        let r = model_prefix(10_000.0, 64, 5500.0, &off, 30.0);
+        let r = model_prefix(10_000.0, 8, 8, 5500.0, &off, 30.0);
         assert!(r.offered > 10_000.0 && r.served <= 5500.0 + 1e-6, "{r:?}");
         // 64 processes: their floor (64 x min_rate) is far under the limit, so AIMD settles.
         let on = Shaping::default();
-        let r = model_prefix(10_000.0, 64, 5500.0, &on, 60.0);
+        let r = model_prefix(10_000.0, 8, 8, 5500.0, &on, 60.0);
         assert!(r.offered < 5500.0 * 1.5, "{r:?}");
     }
 
     #[test]
-    fn at_512_nodes_the_shared_rates_hold_a_prefix_at_its_limit() {
+    fn at_512_nodes_the_shared_rates_and_the_node_signal_hold_a_prefix_at_its_limit() {
         // 512 nodes x 8 ranks x 8 workers want 20,480 GET/s from a prefix of 5,500: with the
         // defaults shared (rates by each node's 8 x 9 processes, the increase by the job's)
-        // the offer settles at the limit (AIMD's saw-tooth: within 3 %, nothing fails); with
-        // one full set of rates per process it is far over.
-        let clients = 512 * 8 * 8;
+        // and each process on its own 503s, the offer settles near the limit (AIMD's
+        // saw-tooth: within 3 %, nothing fails); with the node signal, at it (within 0.1 %,
+        // and far fewer 503s); with one full set of rates per process it is far over.
         let shared = Shaping::default().shared_by(8 * 9, 512);
-        let r = model_prefix(20_480.0, clients, 5500.0, &shared, 120.0);
+        let on = model_prefix(20_480.0, 512, 64, 5500.0, &shared, 120.0);
+        assert!(on.offered < 5500.0 * 1.001 && on.failed < 0.01, "{on:?}");
+        let no_signal = Shaping {
+            node_signal: false,
+            ..shared
+        };
+        let r = model_prefix(20_480.0, 512, 64, 5500.0, &no_signal, 120.0);
         assert!(r.offered < 5500.0 * 1.03 && r.failed < 0.01, "{r:?}");
+        assert!(on.throttled * 10.0 < r.throttled, "{on:?} {r:?}");
         let per_process = Shaping::default();
-        let r = model_prefix(20_480.0, clients, 5500.0, &per_process, 120.0);
+        let r = model_prefix(20_480.0, 512, 64, 5500.0, &per_process, 120.0);
         assert!(r.offered > 5500.0 * 2.0, "{r:?}");
     }
 }

@@ -28,7 +28,8 @@
 //!   `cooldown` per prefix (every attempt in flight during one throttling episode reports
 //!   it; one episode is one decrease, as in TCP).
 //! - State is per process: `N` processes on one prefix each run their own AIMD loop and
-//!   converge together, as TCP flows share a link. The limiter is shared by every store of a
+//!   converge together, as TCP flows share a link (the processes of one node decrease
+//!   together through the node signal, below). The limiter is shared by every store of a
 //!   process with the same [`ShapingConfig`].
 //! - **Node share**: the rates (`start_rate`, `min_rate`, `max_rate`) are a node's, divided
 //!   among the processes of the node that shape requests, so that a node of `P` processes
@@ -39,6 +40,21 @@
 //!   unset) when torchrun's `LOCAL_WORLD_SIZE` is set, else 1: a single process is unchanged.
 //!   Without it, 512 nodes x 8 ranks x 8 workers are 32,768 states whose floor alone
 //!   (`min_rate` 1/s each) is over a prefix's 5,500 GET/s (`docs/scale.md`).
+//! - **Node signal**: when a process decreases its rate for a prefix on its own `503`, it
+//!   records the time in the node's signal; every other process of the node reads the signal
+//!   of a prefix at most once per `node_poll` (50 ms; before taking a token, so no read per
+//!   request) and, if a process of the node decreased within the last `cooldown` and this one
+//!   has not during that episode, decreases too, as of that time
+//!   ([`Shaper::follow_node`]). A node's processes thus decrease together, once per episode,
+//!   as one limiter would. The signal is a small file per prefix in the node's folder
+//!   ([`FileSignal`], `<node folder>/shaping/<hash of the prefix>`, UNIX nanoseconds written
+//!   to a temporary file and renamed over); the node folder is [`NODE_DIR_ENV`] when set, else
+//!   the one the streamer resolves for its cache (`<cache-root>/<run-id>/<node-rank>/`,
+//!   registered with [`use_node_folder`]). Without a node folder, or with
+//!   `SHARDSTREAM_SHAPING_NODE_DIR=off`, each process runs on its own `503`s only. A file that
+//!   cannot be read or written, or holds anything but a timestamp, is logged and ignored:
+//!   the signal never fails a request. [`MemorySignal`] is the same signal in memory (tests,
+//!   the scale simulator).
 //! - Retries of a throttled request are also jittered by `object_store`'s backoff
 //!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
 //!   [`crate::RetryPolicy`]) and then take a token like any attempt.
@@ -46,8 +62,8 @@
 //! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and node (a
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
 //! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
-//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2. The `SHARDSTREAM_SHAPING*`
-//! variables ([`ShapingConfig::from_env`]) change them.
+//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2, node signal on (read every 50 ms).
+//! The `SHARDSTREAM_SHAPING*` variables ([`ShapingConfig::from_env`]) change them.
 //!
 //! ```
 //! use shardstream_storage::shaping::ShapingConfig;
@@ -56,6 +72,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,6 +85,10 @@ use rand::Rng;
 
 use crate::env::Env;
 use crate::error::{Result, StorageError};
+
+mod signal;
+
+pub use signal::{FileSignal, MemorySignal, NodeSignal, SignalError, SIGNAL_DIR};
 
 /// `0`/`off`/`false` turns shaping off; on by default.
 pub const SHAPING_ENV: &str = "SHARDSTREAM_SHAPING";
@@ -90,6 +111,10 @@ pub const WORKERS_ENV: &str = "SHARDSTREAM_SHAPING_WORKERS";
 pub const LOCAL_WORLD_SIZE_ENV: &str = "LOCAL_WORLD_SIZE";
 /// Ranks of the job, as torchrun sets it.
 pub const WORLD_SIZE_ENV: &str = "WORLD_SIZE";
+/// The node's folder, shared by the node's processes, where they keep the node's throttle
+/// signal (see "Node signal" in the module docs); `off` turns the signal off. When unset, the
+/// folder the streamer resolves for its cache ([`use_node_folder`]).
+pub const NODE_DIR_ENV: &str = "SHARDSTREAM_SHAPING_NODE_DIR";
 /// Most processes a node's rates are divided among.
 const MAX_PROCESSES: u32 = 1 << 20;
 
@@ -119,6 +144,14 @@ pub struct ShapingConfig {
     pub burst_seconds: f64,
     /// Waits are stretched by a random factor in `[1, 1 + jitter]`.
     pub jitter: f64,
+    /// Whether the node's processes share their throttling (see "Node signal" in the module
+    /// docs): a decrease of one is a decrease of all, for the same prefix.
+    pub node_signal: bool,
+    /// The node's folder, for the signal's files; `None`: the folder registered with
+    /// [`use_node_folder`] (by the streamer, once it has resolved its node folder), if any.
+    pub node_dir: Option<PathBuf>,
+    /// A process reads the node's signal of a prefix at most once per this long.
+    pub node_poll: Duration,
 }
 
 impl Default for ShapingConfig {
@@ -133,6 +166,9 @@ impl Default for ShapingConfig {
             cooldown: Duration::from_millis(500),
             burst_seconds: 0.25,
             jitter: 0.2,
+            node_signal: true,
+            node_dir: None,
+            node_poll: Duration::from_millis(50),
         }
     }
 }
@@ -158,6 +194,16 @@ impl ShapingConfig {
         config.max_rate = number(MAX_RATE_ENV, config.max_rate)?;
         config.increase = number(INCREASE_ENV, config.increase)?;
         config.decrease = number(DECREASE_ENV, config.decrease)?;
+        if let Some(v) = env
+            .get(NODE_DIR_ENV)
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+        {
+            match v.to_ascii_lowercase().as_str() {
+                "0" | "off" | "false" | "no" => config.node_signal = false,
+                _ => config.node_dir = Some(PathBuf::from(v)),
+            }
+        }
         config.check()?;
         let config = config.shared_by(node_processes(env)?, job_nodes(env)?);
         config.check()?;
@@ -167,9 +213,10 @@ impl ShapingConfig {
     /// The parameters of one of `processes` processes of a node, one of `nodes` nodes of a
     /// job: `start_rate`, `min_rate` and `max_rate` divided by `processes` (so that a node's
     /// processes add up to one limiter), `increase` by `processes x nodes` (so that the whole
-    /// job regains `increase` per second: each process's decreases are its own, and
-    /// uncorrelated decreases only hold a prefix near its limit when the sum of the increases
-    /// is small; see `docs/scale.md`). `shared_by(1, 1)` is `self`.
+    /// job regains `increase` per second: each node's decreases are its own (each process's,
+    /// without the node signal), and uncorrelated decreases only hold a prefix near its limit
+    /// when the sum of the increases is small; see `docs/scale.md`). `shared_by(1, 1)` is
+    /// `self`.
     pub fn shared_by(&self, processes: u32, nodes: u32) -> Self {
         let n = f64::from(processes.max(1));
         Self {
@@ -227,6 +274,19 @@ impl ShapingConfig {
         let shaper = Arc::new(Shaper::new(self.clone()));
         shapers.push(Arc::clone(&shaper));
         Some(shaper)
+    }
+}
+
+/// The node folder registered by [`use_node_folder`].
+static NODE_FOLDER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Names the node's folder (`<cache-root>/<run-id>/<node-rank>/`, as `shardstream_identity::
+/// locate` resolves it) for the throttle signal of this process's limiters whose
+/// configuration names none ([`ShapingConfig::node_dir`]). The streamer calls it once it has
+/// resolved its folder; the first call of a process wins, later ones are ignored.
+pub fn use_node_folder(dir: &Path) {
+    if NODE_FOLDER.set(dir.to_path_buf()).is_ok() {
+        tracing::debug!(dir = %dir.display(), "request shaping shares throttling with the node");
     }
 }
 
@@ -304,6 +364,10 @@ struct Bucket {
     refilled: Instant,
     decreased: Option<Instant>,
     used: Instant,
+    /// When the node's signal was last read.
+    polled: Option<Instant>,
+    /// The latest node throttle time this process acted on or published.
+    seen: Option<Instant>,
 }
 
 /// What a prefix's state looks like now (for tests, logs and simulators).
@@ -320,15 +384,57 @@ pub struct PrefixState {
 pub struct Shaper {
     config: ShapingConfig,
     buckets: Mutex<HashMap<String, (Bucket, u64)>>,
+    /// The node's signal given at construction (its folder, or a caller's signal).
+    signal: Option<Arc<dyn NodeSignal>>,
+    /// The signal of the folder registered later with [`use_node_folder`].
+    registered: OnceLock<Arc<dyn NodeSignal>>,
 }
 
 impl Shaper {
-    /// A limiter with no prefix seen yet.
+    /// A limiter with no prefix seen yet; with the node's signal in `config.node_dir` when it
+    /// names one (else in the folder [`use_node_folder`] registers), unless
+    /// `config.node_signal` is off.
     pub fn new(config: ShapingConfig) -> Self {
+        let signal = match (&config.node_dir, config.node_signal) {
+            (Some(dir), true) => Some(Arc::new(FileSignal::new(dir)) as Arc<dyn NodeSignal>),
+            _ => None,
+        };
         Self {
             config,
             buckets: Mutex::new(HashMap::new()),
+            signal,
+            registered: OnceLock::new(),
         }
+    }
+
+    /// A limiter that shares its throttling through `signal` (the processes of one node, each
+    /// with its own limiter and the same signal), whatever `config.node_dir` says.
+    pub fn with_signal(config: ShapingConfig, signal: Arc<dyn NodeSignal>) -> Self {
+        Self {
+            signal: config.node_signal.then_some(signal),
+            ..Self::new(ShapingConfig {
+                node_dir: None,
+                ..config
+            })
+        }
+    }
+
+    /// The node's signal, if this limiter has one.
+    fn signal(&self) -> Option<&Arc<dyn NodeSignal>> {
+        if let Some(signal) = &self.signal {
+            return Some(signal);
+        }
+        if !self.config.node_signal || self.config.node_dir.is_some() {
+            return None;
+        }
+        if let Some(signal) = self.registered.get() {
+            return Some(signal);
+        }
+        let dir = NODE_FOLDER.get()?;
+        Some(
+            self.registered
+                .get_or_init(|| Arc::new(FileSignal::new(dir)) as Arc<dyn NodeSignal>),
+        )
     }
 
     /// Its parameters.
@@ -345,6 +451,7 @@ impl Shaper {
     /// Takes a token of `prefix` at `now`; returns how long the caller must wait for it
     /// (before jitter).
     pub fn reserve(&self, prefix: &str, now: Instant) -> Duration {
+        self.follow_node(prefix, now);
         let config = &self.config;
         let mut buckets = self.lock();
         if buckets.len() >= MAX_PREFIXES && !buckets.contains_key(prefix) {
@@ -363,6 +470,8 @@ impl Shaper {
                     refilled: now,
                     decreased: None,
                     used: now,
+                    polled: None,
+                    seen: None,
                 },
                 0,
             )
@@ -382,9 +491,17 @@ impl Shaper {
 
     /// An attempt on `prefix` was answered without throttling: additive increase.
     pub fn succeeded(&self, prefix: &str) {
+        self.succeeded_many(prefix, 1.0);
+    }
+
+    /// `attempts` attempts on `prefix` were answered without throttling, at about the same
+    /// rate: `attempts x increase / rate` added at once. For fluid models (the scale
+    /// simulator), where `attempts` is a fraction.
+    pub fn succeeded_many(&self, prefix: &str, attempts: f64) {
         let config = &self.config;
         if let Some((bucket, _)) = self.lock().get_mut(prefix) {
-            bucket.rate = (bucket.rate + config.increase / bucket.rate).min(config.max_rate);
+            bucket.rate =
+                (bucket.rate + attempts * config.increase / bucket.rate).min(config.max_rate);
         }
     }
 
@@ -403,15 +520,75 @@ impl Shaper {
             return false;
         }
         let before = bucket.rate;
-        bucket.rate = (bucket.rate * config.decrease).max(config.min_rate);
-        bucket.tokens = bucket.tokens.min(0.0);
-        bucket.decreased = Some(now);
-        *decreases = decreases.saturating_add(1);
+        decrease(config, bucket, decreases, now);
+        bucket.seen = bucket.seen.max(Some(now));
         tracing::debug!(
             prefix,
             before,
             after = bucket.rate,
             "store throttled; rate decreased"
+        );
+        drop(buckets);
+        if let Some(signal) = self.signal() {
+            signal.publish(prefix, now);
+        }
+        true
+    }
+
+    /// Reads the node's signal of `prefix` (at most once per `node_poll`) and, when another
+    /// process of the node decreased its rate for it within the last cooldown and this one
+    /// has not decreased during that episode, decreases this one's as of then. Returns whether
+    /// it did. [`Shaper::reserve`] calls it before each token; a fluid model calls it each step.
+    pub fn follow_node(&self, prefix: &str, now: Instant) -> bool {
+        let Some(signal) = self.signal() else {
+            return false;
+        };
+        {
+            let mut buckets = self.lock();
+            let Some((bucket, _)) = buckets.get_mut(prefix) else {
+                return false;
+            };
+            if bucket
+                .polled
+                .is_some_and(|at| now.saturating_duration_since(at) < self.config.node_poll)
+            {
+                return false;
+            }
+            bucket.polled = Some(now);
+        }
+        // Read without the lock: a file read must not hold up the process's other prefixes.
+        let Some(at) = signal.last(prefix) else {
+            return false;
+        };
+        let config = &self.config;
+        let mut buckets = self.lock();
+        let Some((bucket, decreases)) = buckets.get_mut(prefix) else {
+            return false;
+        };
+        if bucket.seen.is_some_and(|seen| at <= seen) {
+            return false;
+        }
+        bucket.seen = Some(at);
+        // A signal from another clock a little ahead counts as now.
+        let at = at.min(now);
+        if now.saturating_duration_since(at) >= config.cooldown {
+            // An old episode (the file of a previous one, or this process started since).
+            return false;
+        }
+        if let Some(own) = bucket.decreased {
+            // Decreased during the same episode, before or after the other process.
+            let apart = if own > at { own - at } else { at - own };
+            if apart < config.cooldown {
+                return false;
+            }
+        }
+        let before = bucket.rate;
+        decrease(config, bucket, decreases, at);
+        tracing::debug!(
+            prefix,
+            before,
+            after = bucket.rate,
+            "node throttled; rate decreased"
         );
         true
     }
@@ -433,6 +610,14 @@ impl Shaper {
         let stretch = 1.0 + rand::rng().random_range(0.0..=self.config.jitter.max(0.0));
         tokio::time::sleep(wait.mul_f64(stretch)).await;
     }
+}
+
+/// The multiplicative decrease of `bucket` as of `at`.
+fn decrease(config: &ShapingConfig, bucket: &mut Bucket, decreases: &mut u64, at: Instant) {
+    bucket.rate = (bucket.rate * config.decrease).max(config.min_rate);
+    bucket.tokens = bucket.tokens.min(0.0);
+    bucket.decreased = Some(at);
+    *decreases = decreases.saturating_add(1);
 }
 
 /// The prefix of a request URL: authority and path up to the last `/`.
@@ -642,6 +827,156 @@ mod tests {
                 .unwrap()
                 .enabled
         );
+    }
+
+    /// Two processes of one node: two limiters sharing `signal`.
+    fn two_of_a_node(signal: Arc<dyn NodeSignal>) -> (Shaper, Shaper) {
+        let c = ShapingConfig {
+            start_rate: 100.0,
+            ..config()
+        };
+        (
+            Shaper::with_signal(c.clone(), Arc::clone(&signal)),
+            Shaper::with_signal(c, signal),
+        )
+    }
+
+    #[test]
+    fn a_throttle_of_one_process_decreases_the_node_once_per_cooldown() {
+        let (a, b) = two_of_a_node(Arc::new(MemorySignal::new()));
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        a.reserve("p", t0);
+        b.reserve("p", t0);
+        b.reserve("q", t0);
+        assert!(a.throttled("p", ms(10)));
+        // b reads the signal at its next token (its last read was at t0, over 50 ms ago).
+        b.reserve("p", ms(60));
+        assert_eq!(b.state("p").unwrap().rate, 50.0);
+        assert_eq!(b.state("p").unwrap().decreases, 1);
+        // Another prefix is not touched.
+        b.reserve("q", ms(60));
+        assert_eq!(b.state("q").unwrap().rate, 100.0);
+        // The same episode: b's own 503 within the cooldown and a's further 503s are no more
+        // decreases, nor are re-reads of the same signal.
+        assert!(!b.throttled("p", ms(200)));
+        assert!(!a.throttled("p", ms(300)));
+        assert!(!b.follow_node("p", ms(400)));
+        assert_eq!(a.state("p").unwrap().rate, 50.0);
+        assert_eq!(b.state("p").unwrap().rate, 50.0);
+        // The next episode, on b's side: a follows, once.
+        assert!(b.throttled("p", ms(700)));
+        assert!(a.follow_node("p", ms(710)));
+        assert!(!a.follow_node("p", ms(800)));
+        assert_eq!(a.state("p").unwrap().rate, 25.0);
+        assert_eq!(a.state("p").unwrap().decreases, 2);
+        // The signal is read at most once per node_poll: a throttle of a at 1,300 ms reaches
+        // b at its first read 50 ms after its last one (at 1,260 ms).
+        assert!(!b.follow_node("p", ms(1_260)));
+        assert!(a.throttled("p", ms(1_300)));
+        assert!(!b.follow_node("p", ms(1_301)));
+        assert!(b.follow_node("p", ms(1_310)));
+        assert_eq!(b.state("p").unwrap().rate, 12.5);
+    }
+
+    #[test]
+    fn an_old_signal_or_none_leaves_a_process_on_its_own() {
+        let signal = Arc::new(MemorySignal::new());
+        let t0 = Instant::now();
+        // A throttle of a process gone a minute ago is no reason to slow down.
+        signal.publish("p", t0);
+        let (a, _) = two_of_a_node(signal);
+        let later = t0 + Duration::from_secs(60);
+        a.reserve("p", later);
+        assert!(!a.follow_node("p", later + Duration::from_secs(1)));
+        assert_eq!(a.state("p").unwrap().rate, 100.0);
+        // Without a signal (no node folder), behaviour is as before.
+        let alone = Shaper::new(config());
+        alone.reserve("p", t0);
+        assert!(!alone.follow_node("p", t0 + Duration::from_secs(1)));
+        // node_signal off: a given signal is not used.
+        let off = Shaper::with_signal(
+            ShapingConfig {
+                node_signal: false,
+                ..config()
+            },
+            Arc::new(MemorySignal::new()),
+        );
+        off.reserve("p", t0);
+        assert!(off.throttled("p", t0));
+        assert!(off.signal().is_none());
+    }
+
+    #[test]
+    fn two_limiters_over_one_node_folder_share_their_throttling() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ShapingConfig {
+            start_rate: 100.0,
+            node_dir: Some(dir.path().to_path_buf()),
+            ..config()
+        };
+        let (a, b) = (Shaper::new(c.clone()), Shaper::new(c));
+        let t0 = Instant::now();
+        a.reserve("p", t0);
+        b.reserve("p", t0);
+        assert!(a.throttled("p", t0 + Duration::from_millis(10)));
+        assert!(b.follow_node("p", t0 + Duration::from_millis(60)));
+        assert_eq!(b.state("p").unwrap().rate, 50.0);
+        // A corrupt or missing file is no signal and no error.
+        let file = FileSignal::new(dir.path()).path_of("p");
+        std::fs::write(&file, b"garbage").unwrap();
+        assert!(!b.follow_node("p", t0 + Duration::from_millis(120)));
+        std::fs::remove_file(&file).unwrap();
+        assert!(!b.follow_node("p", t0 + Duration::from_millis(180)));
+        assert_eq!(b.reserve("p", t0 + Duration::from_secs(10)), Duration::ZERO);
+        assert_eq!(b.state("p").unwrap().rate, 50.0);
+    }
+
+    #[test]
+    fn a_throttle_in_another_process_decreases_this_one() {
+        // This test runs itself again as the other process, which is throttled on "p".
+        const CHILD: &str = "SHARDSTREAM_TEST_NODE_SIGNAL_CHILD";
+        let node = |dir: PathBuf| ShapingConfig {
+            start_rate: 100.0,
+            node_dir: Some(dir),
+            // Long enough for a child process to start on a loaded machine.
+            cooldown: Duration::from_secs(30),
+            ..config()
+        };
+        if let Some(dir) = std::env::var_os(CHILD) {
+            let other = Shaper::new(node(dir.into()));
+            let now = Instant::now();
+            other.reserve("p", now);
+            assert!(other.throttled("p", now));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let this = Shaper::new(node(dir.path().to_path_buf()));
+        let t0 = Instant::now();
+        this.reserve("p", t0);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "shaping::tests::a_throttle_in_another_process_decreases_this_one",
+                "--test-threads=1",
+            ])
+            .env(CHILD, dir.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(this.follow_node("p", Instant::now() + Duration::from_millis(100)));
+        assert_eq!(this.state("p").unwrap().rate, 50.0);
+    }
+
+    #[test]
+    fn the_node_folder_comes_from_the_environment() {
+        let env = Env::from_pairs([(NODE_DIR_ENV, "/tmp/node")]);
+        let c = ShapingConfig::from_env(&env).unwrap();
+        assert_eq!(c.node_dir.as_deref(), Some(Path::new("/tmp/node")));
+        assert!(c.node_signal);
+        let c = ShapingConfig::from_env(&Env::from_pairs([(NODE_DIR_ENV, "off")])).unwrap();
+        assert!(!c.node_signal && c.node_dir.is_none());
     }
 
     #[test]

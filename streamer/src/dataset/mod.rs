@@ -291,6 +291,11 @@ impl StreamingDataset {
             (Some(key), _) => resolve_cache_dir(&config, CacheKey::InPlace(&key))?,
             (None, None) => resolve_cache_dir(&config, CacheKey::Dataset(&dataset_key))?,
         };
+        if any_remote {
+            // The node's processes share their throttling through this folder (request
+            // shaping's node signal), as they share its cache.
+            shardstream_storage::shaping::use_node_folder(&cache_dir);
+        }
         let cache_limit =
             match settings::byte_size(config.cache_limit, settings::CACHE_LIMIT_ENV, &os_env)? {
                 Some(limit) => limit,
