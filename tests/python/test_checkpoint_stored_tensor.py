@@ -81,3 +81,28 @@ def test_a_record_whose_size_disagrees_with_the_tensor_is_refused():
             data = src.read(info)
             dst.writestr(info.filename, data[:40] if info is record else data)
     assert ck._stored_tensor(memoryview(out.getvalue())) is None
+
+
+def test_a_dcp_load_of_large_and_small_items_reads_them_equal(tmp_path, monkeypatch):
+    """Through DCP itself: items at and above `_IN_PLACE_MIN_BYTES` are read in place, smaller
+    ones through torch.load; both land equal in the target, a resharded (narrowed) read too."""
+    import torch.distributed.checkpoint as dcp
+
+    from shardstream.checkpoint import StorageReader, StorageWriter
+
+    seen = []
+    real = ck._stored_tensor
+    monkeypatch.setattr(ck, "_stored_tensor", lambda view: seen.append(len(view)) or real(view))
+    big = ck._IN_PLACE_MIN_BYTES
+    state = {
+        "big_bf16": torch.randn(big // 2 + 100).to(torch.bfloat16),
+        "big_matrix": torch.randn(512, big // 2048 + 7),
+        "small": torch.arange(10, dtype=torch.int32),
+    }
+    url = str(tmp_path / "step_1")
+    dcp.save(state, storage_writer=StorageWriter(url), no_dist=True)
+    loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(loaded, storage_reader=StorageReader(url), no_dist=True)
+    for k, v in state.items():
+        assert torch.equal(loaded[k], v), k
+    assert len(seen) == 2 and all(n >= big for n in seen), "the two large items, in place"
