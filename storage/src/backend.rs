@@ -16,13 +16,21 @@ use crate::options::StorageOptions;
 use crate::shaping::{ShapingConfig, ShapingConnector};
 use crate::url::StorageUrl;
 
+/// A built store and what is known of it.
+#[derive(Debug)]
+pub(crate) struct Built {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    /// Whether its create-only put is one atomic step (`Location::create_is_atomic`): a local
+    /// directory (object_store hard-links a create into place) and Amazon S3's own endpoint.
+    /// An S3-compatible server at a custom endpoint may check and then write (moto's and
+    /// s3s-fs's do); GCS and Azure are atomic, but their emulators are set up through many keys
+    /// (service account files, emulator flags) and are not told apart here, so not trusted.
+    pub(crate) atomic_create: bool,
+}
+
 /// Builds the store for `url`, configured from `env` and `options`. Remote stores are wrapped
 /// in [`KeySafeStore`] so that one odd key cannot fail a whole listing.
-pub(crate) fn build(
-    url: &StorageUrl,
-    env: &Env,
-    options: &StorageOptions,
-) -> Result<Arc<dyn ObjectStore>> {
+pub(crate) fn build(url: &StorageUrl, env: &Env, options: &StorageOptions) -> Result<Built> {
     env.register_secrets();
     // The one place request shaping is inserted: below object_store's retry loop, so that
     // retries are paced too (see `shaping`).
@@ -66,7 +74,10 @@ pub(crate) fn build(
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(config_error)?;
-            Ok(Arc::new(KeySafeStore::new(store)))
+            Ok(Built {
+                store: Arc::new(KeySafeStore::new(store)),
+                atomic_create: settings.endpoint.is_none(),
+            })
         }
         StorageUrl::Gcs { bucket, .. } => {
             let mut builder = GoogleCloudStorageBuilder::new()
@@ -93,7 +104,10 @@ pub(crate) fn build(
                 .with_bucket_name(bucket)
                 .build()
                 .map_err(config_error)?;
-            Ok(Arc::new(KeySafeStore::new(store)))
+            Ok(Built {
+                store: Arc::new(KeySafeStore::new(store)),
+                atomic_create: false,
+            })
         }
         StorageUrl::Azure { base, .. } => {
             let mut builder = MicrosoftAzureBuilder::new()
@@ -114,12 +128,18 @@ pub(crate) fn build(
                 builder = builder.with_skip_signature(anonymous);
             }
             let store = builder.with_url(base).build().map_err(config_error)?;
-            Ok(Arc::new(KeySafeStore::new(store)))
+            Ok(Built {
+                store: Arc::new(KeySafeStore::new(store)),
+                atomic_create: false,
+            })
         }
         StorageUrl::Local { .. } => {
             // Rooted at `/` so the location's directory need not exist yet (writers create
             // it); fsync so that a completed put is durable, as it is on S3.
-            Ok(Arc::new(LocalFileSystem::new().with_fsync(true)))
+            Ok(Built {
+                store: Arc::new(LocalFileSystem::new().with_fsync(true)),
+                atomic_create: true,
+            })
         }
     }
 }
@@ -143,7 +163,7 @@ mod tests {
             prefix: String::new(),
         };
         let env = Env::from_pairs([("AWS_ENDPOINT_URL", "http://127.0.0.1:1")]);
-        let store = build(&url, &env, &StorageOptions::default()).unwrap();
+        let store = build(&url, &env, &StorageOptions::default()).unwrap().store;
         assert!(store.to_string().contains("AmazonS3"), "{store}");
     }
 
@@ -165,7 +185,7 @@ mod tests {
             ("AZURE_STORAGE_ACCOUNT_NAME", "acct"),
             ("AZURE_STORAGE_ACCOUNT_KEY", "a2V5"),
         ]);
-        let store = build(&url, &env, &StorageOptions::default()).unwrap();
+        let store = build(&url, &env, &StorageOptions::default()).unwrap().store;
         assert!(store.to_string().contains("acct"), "{store}");
     }
 }

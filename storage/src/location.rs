@@ -13,7 +13,7 @@ use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::backend;
-use crate::env::{Env, S3Settings};
+use crate::env::Env;
 use crate::error::{Result, StorageError};
 use crate::key;
 use crate::listing;
@@ -69,18 +69,10 @@ impl Location {
 
     /// Opens an already parsed URL.
     pub fn from_url(url: &StorageUrl, options: &StorageOptions, env: &Env) -> Result<Self> {
-        let store = backend::build(url, env, options)?;
-        let atomic_create = match url {
-            // object_store writes a local create-only put to a temporary file and hard-links
-            // it into place: the link is the check and the write at once.
-            StorageUrl::Local { .. } => true,
-            // Amazon S3 itself makes `If-None-Match: *` atomic; an S3-compatible server at a
-            // custom endpoint may check and then write (moto's and s3s-fs's servers do).
-            StorageUrl::S3 { .. } => S3Settings::resolve(env, options)?.endpoint.is_none(),
-            // GCS and Azure Blob are atomic, but their emulators are set up through many keys
-            // (service account files, emulator flags): not told apart here, so not trusted.
-            StorageUrl::Gcs { .. } | StorageUrl::Azure { .. } => false,
-        };
+        let backend::Built {
+            store,
+            atomic_create,
+        } = backend::build(url, env, options)?;
         let (prefix, local_root) = match url {
             StorageUrl::S3 { prefix, .. }
             | StorageUrl::Gcs { prefix, .. }
