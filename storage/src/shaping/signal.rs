@@ -114,7 +114,12 @@ impl FileSignal {
 
     /// The file of `prefix`.
     pub fn path_of(&self, prefix: &str) -> PathBuf {
-        self.dir.join(format!("{:016x}", fnv1a(prefix.as_bytes())))
+        // xxh3: every build of every process of a node computes it alike (std's
+        // `DefaultHasher` promises no such thing).
+        self.dir.join(format!(
+            "{:016x}",
+            xxhash_rust::xxh3::xxh3_64(prefix.as_bytes())
+        ))
     }
 
     fn nanos_of(&self, at: Instant) -> u64 {
@@ -202,14 +207,6 @@ impl NodeSignal for FileSignal {
             None
         })
     }
-}
-
-/// FNV-1a, 64 bits: a hash that every build of every process of a node computes alike
-/// (std's `DefaultHasher` promises no such thing).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
