@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import datasets
-from measure import run_child
+from measure import cat_to_null, run_child
 from results import Row, aggregate
 
 THREADS = 8
@@ -81,7 +81,7 @@ def run_all(ctx, log) -> list[Row]:
         subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, timeout=ctx.timeout)
         times = []
         for _ in range(ctx.runs):
-            res = run_child(["sh", "-c", 'exec cat "$@" > /dev/null', "cat", *map(str, files)], ctx.timeout)
+            res = cat_to_null(files, ctx.timeout)
             times.append(res.wall_s)
         rows.append(aggregate("ceiling", "page-cache read (cat)", p.name, "warm · MDS shard files", "ceiling",
                               as_runs(times, stored), temperature="warm"))

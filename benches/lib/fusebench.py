@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from measure import MemorySampler, kill_group, run_child
+from measure import MemorySampler, cat_to_null, kill_group, run_child
 from results import Row, Skip, aggregate
 
 
@@ -150,7 +150,7 @@ def _cat(ctx, root: Path, daemon_pid: int, stored: int) -> dict:
     passes, which check the listing and the bytes."""
     files = sorted(str(Path(d) / f) for d, _, names in os.walk(root) for f in names)
     sampler = MemorySampler(daemon_pid)
-    res = run_child(["sh", "-c", 'exec cat "$@" > /dev/null', "cat", *files], ctx.timeout)
+    res = cat_to_null(files, ctx.timeout)
     sampler.stop()
     check = "ok" if res.rc == 0 and not res.timed_out else f"cat exit {res.rc}"
     return {"samples": None, "bytes": stored, "epoch_s": res.wall_s, "ttfs_s": None, "check": check,

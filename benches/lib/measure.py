@@ -162,3 +162,10 @@ def stats(values: list[float]) -> dict | None:
 
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def cat_to_null(files: list, timeout: float) -> ChildResult:
+    """`cat` of `files` to /dev/null in a child: the page-cache read ceiling, and the same reader
+    wherever a figure is compared with it (the mount's warm `cat`)."""
+    return run_child(["sh", "-c", 'exec cat "$@" > /dev/null', "cat", *map(str, files)], timeout)
+
