@@ -11,22 +11,29 @@
 //! fails with [`CheckpointError::ConditionalPutIgnored`]. Once per store and root, the first
 //! commit also probes whether the store honours the condition (two create-only puts of one
 //! probe key in the attempt directory). Where it does not, a commit reads the manifest before
-//! its put (a committed id is never overwritten by a later save) and waits [`SETTLE`] before
-//! the read-back, so that a racing put issued before ours was visible has landed by then: of
-//! racing commits exactly the last writer succeeds, the others get the error. That holds as
-//! long as no commit takes longer than [`SETTLE`] from its check to its put's completion; a
-//! commit that does warns, since a rival may already have reported success.
+//! its put (a committed id is never overwritten by a later save).
 //!
 //! A store can also pass the probe and still not make the condition atomic: moto's and
 //! s3s-fs's servers check for the object and then write it, so two puts that both pass the check
 //! are both told they created it (the conformance suite measured it: 1 round in 16 on moto, most
-//! rounds on s3s-fs). The read-back covers that too, after a short [`ATOMIC_SETTLE`]: the racing
-//! put passed its check before ours landed, so it lands within its own write time. Where the
-//! create is known to be atomic (a local directory, Amazon S3's own endpoint:
-//! [`CheckpointRoot::create_is_atomic`]) the read-back follows the put at once.
+//! rounds on s3s-fs). Where the create is known to be atomic (a local directory, Amazon S3's own
+//! endpoint: [`CheckpointRoot::create_is_atomic`]) the read-back follows the put at once.
+//!
+//! Elsewhere a racing commit is looked for before the read-back: one listing of the id's folder
+//! (`LIST` with a delimiter) after our put has completed. A rival save writes its files into its
+//! own attempt folder before it commits, so if no other attempt folder is listed, every rival's
+//! first file landed after our put, and its check (the condition, or the read before an
+//! unconditional put) comes later still and sees our manifest: the read-back follows at once.
+//! If another attempt folder is listed (a racing save, or the leftovers of a dead one), the
+//! commit waits before its read-back — [`ATOMIC_SETTLE`] where the store honours the condition,
+//! [`SETTLE`] where it ignores it — so that a racing put issued before ours was visible has
+//! landed by then: of racing commits exactly the last writer succeeds, the others get the
+//! error. That holds as long as no commit takes longer than the wait from its check to its put's
+//! completion; a commit that does warns, since a rival may already have reported success. A
+//! listing that fails counts as a rival (the wait is the safe side).
 
 use crate::error::{CheckpointError, Result};
-use crate::layout::{join, now_unix_ms, step_from_id, validate_relative_path};
+use crate::layout::{is_attempt_name, join, now_unix_ms, step_from_id, validate_relative_path};
 use crate::manifest::{Alias, FileRecord, Manifest, FORMAT_NAME, FORMAT_VERSION};
 use crate::metrics::add;
 use crate::rank::SaveAttempt;
@@ -240,19 +247,31 @@ impl CheckpointRoot {
                 Err(e) => return Err(CheckpointError::store("put", &mpath, e)),
             }
         }
-        if !honoured {
-            let took = checked.elapsed();
-            if took >= SETTLE {
-                warn!(
-                    took_ms = took.as_millis() as u64,
-                    settle_ms = SETTLE.as_millis() as u64,
-                    "manifest put took longer than the settle window on a store that ignores \
-                     If-None-Match: a racing commit of this id may already have reported success"
-                );
-            }
-            tokio::time::sleep(SETTLE).await;
+        let settle = if !honoured {
+            Some(SETTLE)
         } else if !self.create_is_atomic() {
-            tokio::time::sleep(ATOMIC_SETTLE).await;
+            Some(ATOMIC_SETTLE)
+        } else {
+            None
+        };
+        if let Some(settle) = settle {
+            if self.rival_attempt_listed(attempt).await {
+                let took = checked.elapsed();
+                if took >= settle {
+                    warn!(
+                        took_ms = took.as_millis() as u64,
+                        settle_ms = settle.as_millis() as u64,
+                        "manifest put took longer than the settle window on a store whose \
+                         create-only put is not atomic: a racing commit of this id may already \
+                         have reported success"
+                    );
+                }
+                info!(
+                    settle_ms = settle.as_millis() as u64,
+                    "another attempt of this id is in the store: settling before the read-back"
+                );
+                tokio::time::sleep(settle).await;
+            }
         }
         self.verify_manifest(attempt, &manifest, &mpath).await?;
         add(&self.metrics().commits, 1);
@@ -274,6 +293,24 @@ impl CheckpointRoot {
             }
         }
         Ok(manifest)
+    }
+
+    /// Whether the id's folder holds an attempt folder other than `attempt`'s: a save that may
+    /// be racing this commit (module docs). Called after the manifest put has completed. A
+    /// listing that fails answers yes, so that the commit waits rather than trusts.
+    async fn rival_attempt_listed(&self, attempt: &SaveAttempt) -> bool {
+        let dir = self.checkpoint_dir(attempt.id());
+        match self.store().list_with_delimiter(Some(&dir)).await {
+            Ok(listing) => listing.common_prefixes.iter().any(|folder| {
+                folder
+                    .filename()
+                    .is_some_and(|name| is_attempt_name(name) && name != attempt.attempt())
+            }),
+            Err(e) => {
+                warn!(folder = %dir, error = %e, "cannot list the checkpoint's attempts");
+                true
+            }
+        }
     }
 
     /// Reads the manifest back: it must be this attempt's. A store that honours create-only

@@ -76,7 +76,7 @@ pub mod testing;
 mod upload;
 
 pub use catalog::CheckpointInfo;
-pub use commit::CommitRequest;
+pub use commit::{CommitRequest, ATOMIC_SETTLE, SETTLE};
 pub use config::{RatePlan, UploadConfig};
 pub use download::DownloadReport;
 pub use error::{CheckpointError, Result};

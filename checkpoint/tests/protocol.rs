@@ -566,3 +566,44 @@ async fn rate_cap_spaces_put_requests() {
         "{elapsed:?}"
     );
 }
+
+/// On a root whose create is not known to be atomic (an in-memory store behind
+/// `CheckpointRoot::new`), a commit with no other attempt of its id in the store reads the
+/// manifest back at once; one with another attempt folder there (a rival save, or a dead one's
+/// leftovers) waits `ATOMIC_SETTLE` first. The clock is tokio's paused one: the waits are
+/// counted, not slept.
+#[tokio::test(start_paused = true)]
+async fn commit_waits_only_when_another_attempt_is_listed() {
+    use object_store::memory::InMemory;
+    use shardstream_checkpoint::ATOMIC_SETTLE;
+
+    let root = CheckpointRoot::new(Arc::new(InMemory::new()), "ckpt".into());
+    assert!(!root.create_is_atomic());
+    let commit = |id: &'static str| {
+        let root = &root;
+        async move {
+            let attempt = root.begin_save(id).await.unwrap();
+            let records = upload(root, &attempt, 1, 1, 100).await;
+            let started = tokio::time::Instant::now();
+            root.commit(
+                &attempt,
+                CommitRequest {
+                    records,
+                    world_size: 1,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+            started.elapsed()
+        }
+    };
+
+    assert!(commit("step_1").await < ATOMIC_SETTLE);
+
+    // Leftovers of an earlier, dead attempt of step_2.
+    let dead = root.begin_save("step_2").await.unwrap();
+    upload(&root, &dead, 1, 1, 100).await;
+    assert!(commit("step_2").await >= ATOMIC_SETTLE);
+    assert_eq!(root.list().await.unwrap().len(), 2);
+}
