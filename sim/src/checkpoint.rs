@@ -4,9 +4,11 @@
 //! `UploadConfig::default()` when the plan is off); the manifest is a real
 //! `checkpoint::Manifest` of every rank's files, serialized as `Manifest::to_json` does
 //! (pretty JSON), so its size is the size the coordinator puts. The commit's requests are those of
-//! `CheckpointRoot::commit`: one HEAD per file, 64 in flight, then the manifest's
-//! create-only put (plus, once per coordinator process, the two-put probe of the store's
-//! conditional puts and its delete).
+//! `CheckpointRoot::commit` on a store whose create-only put is atomic (Amazon S3): the
+//! attempt folder listed page by page (1,000 objects a page, one page after another) to check
+//! every file's size, the manifest's create-only put, its read-back and the `latest` pointer's
+//! put (plus, once per coordinator process, the two-put probe of the store's conditional puts
+//! and its delete).
 
 use serde::Serialize;
 use shardstream_checkpoint::checksum::combine_parts;
@@ -15,8 +17,8 @@ use shardstream_checkpoint::{FileRecord, Manifest, RatePlan, UploadConfig};
 use crate::config::SimConfig;
 use crate::error::{mul, Result, SimError};
 
-/// HEADs in flight during a commit (`checkpoint::commit`'s `HEAD_CONCURRENCY`).
-const HEAD_CONCURRENCY: f64 = 64.0;
+/// Objects per LIST page: S3's `max-keys` default and most.
+const LIST_PAGE: u64 = 1000;
 /// Requests of the conditional-put probe: two create-only puts and a delete.
 const PROBE_REQUESTS: u64 = 3;
 
@@ -43,7 +45,7 @@ pub struct CheckpointReport {
     pub upload_seconds: f64,
     /// Bytes of the manifest.
     pub manifest_bytes: u64,
-    /// Requests of the commit (HEADs, probe, manifest put).
+    /// Requests of the commit (listing pages, probe, manifest put and read-back, pointer).
     pub commit_requests: u64,
     /// Seconds of the commit.
     pub commit_seconds: f64,
@@ -89,13 +91,13 @@ pub fn model_checkpoint(config: &SimConfig) -> Result<CheckpointReport> {
             reason: e.to_string(),
         })?
         .len() as u64;
-    let heads = files;
-    let head_seconds =
-        (heads as f64 / HEAD_CONCURRENCY).ceil() * s.latency.max(HEAD_CONCURRENCY / s.get_limit);
-    let commit_seconds = head_seconds
-        + PROBE_REQUESTS as f64 * s.latency
-        + s.latency
-        + manifest_bytes as f64 / s.connection_bandwidth;
+    // Pages follow each other (each carries the next one's continuation token).
+    let list_pages = files.div_ceil(LIST_PAGE).max(1);
+    let list_seconds = list_pages as f64 * s.latency.max(1.0 / s.get_limit);
+    // The manifest goes up and is read back whole; the pointer is a few bytes.
+    let manifest_seconds = 2.0 * (s.latency + manifest_bytes as f64 / s.connection_bandwidth);
+    let commit_seconds =
+        list_seconds + PROBE_REQUESTS as f64 * s.latency + manifest_seconds + s.latency;
     Ok(CheckpointReport {
         ranks,
         files,
@@ -107,7 +109,7 @@ pub fn model_checkpoint(config: &SimConfig) -> Result<CheckpointReport> {
         over_put_limit: capped > s.put_limit,
         upload_seconds,
         manifest_bytes,
-        commit_requests: heads + PROBE_REQUESTS + 1,
+        commit_requests: list_pages + PROBE_REQUESTS + 3,
         commit_seconds,
     })
 }
