@@ -276,6 +276,58 @@ fn parts_merged_equal_a_single_run_and_mosaics_merge() {
     );
 }
 
+/// Parts sharded with `--binary-index` merge into a root `index.ssx` that mirrors the merged
+/// `index.json` (so a reader of the root uses it), and the samples read through it are a
+/// single run's.
+#[test]
+fn parts_with_a_binary_index_merge_into_a_root_binary_index() {
+    use shardstream_sharding::mds::index_bin;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("data.jsonl");
+    let lines: String = (0..60)
+        .map(|i| format!("{{\"id\": {i}, \"text\": \"row {i}\"}}\n"))
+        .collect();
+    std::fs::write(&input, lines).unwrap();
+    let (single, parts) = (dir.path().join("single"), dir.path().join("parts"));
+    run(&["shard", s(&input), s(&single), "--shard-size", "600"]).ok();
+    for part in ["0/2", "1/2"] {
+        run(&[
+            "shard",
+            s(&input),
+            s(&parts),
+            "--shard-size",
+            "600",
+            "--part",
+            part,
+            "--binary-index",
+        ])
+        .ok();
+    }
+    assert!(parts.join("0/index.ssx").exists());
+    let summary: Value =
+        serde_json::from_str(&run(&["merge-index", s(&parts), "--json"]).ok().stdout).unwrap();
+    assert_eq!(summary["binary_index"], json!(true));
+    let json_bytes = std::fs::read(parts.join("index.json")).unwrap();
+    let bin = std::fs::read(parts.join("index.ssx")).unwrap();
+    index_bin::verify_against_json("index.ssx", &bin, &json_bytes).unwrap();
+    let view = index_bin::IndexView::parse("index.ssx", bin).unwrap();
+    assert!(view
+        .shard_info("index.ssx", 0)
+        .unwrap()
+        .raw_data
+        .basename
+        .starts_with("0/"));
+    assert_eq!(cat_json(s(&parts), &[]), cat_json(s(&single), &[]));
+
+    // Without the flag and without a part's index.ssx, no root index.ssx.
+    let plain = dir.path().join("plain");
+    for part in ["0/2", "1/2"] {
+        run(&["shard", s(&input), s(&plain), "--part", part]).ok();
+    }
+    run(&["merge-index", s(&plain)]).ok();
+    assert!(!plain.join("index.ssx").exists());
+}
+
 #[test]
 fn webdataset_parts_keep_the_single_run_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,10 +5,17 @@
 //! `{"version": 2, "shards": [...]}` to `ROOT/index.json` as Python's `json.dump` does (no key
 //! sorting at the top; shard entries keep their keys' order). Unlike Mosaic, which picks up any
 //! `.json` file at any depth of a local ROOT, only `ROOT/*/index.json` counts.
+//!
+//! With `--binary-index`, or when a part has an `index.ssx` (its `shard` ran with
+//! `--binary-index`), the merged index also gets its binary form, `ROOT/index.ssx`, built
+//! from the merged JSON without a JSON tree: the parts' own `index.ssx` name their shards
+//! without the `<part>/` folder, and a merged dataset of 10^6 shards is where the binary
+//! form matters.
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
+use shardstream_sharding::mds::index_bin::{self, BINARY_INDEX_BASENAME};
 use shardstream_sharding::mds::pyjson;
 use shardstream_sharding::safe_path::check_relative;
 use shardstream_storage::Location;
@@ -21,6 +28,10 @@ use crate::runtime;
 pub struct MergeIndexArgs {
     /// Dataset root holding one folder per part (local path or URL).
     pub root: String,
+    /// Also write ROOT/index.ssx, the compact binary form of the merged index.json (also done
+    /// when a part has an index.ssx).
+    #[arg(long)]
+    pub binary_index: bool,
     /// Print a JSON summary.
     #[arg(long)]
     pub json: bool,
@@ -35,28 +46,36 @@ pub struct MergeSummary {
     pub shards: u64,
     /// Samples in the merged index.
     pub samples: u64,
+    /// Whether ROOT/index.ssx was written.
+    pub binary_index: bool,
 }
 
 /// Runs `merge-index`.
 pub fn run(args: MergeIndexArgs) -> anyhow::Result<()> {
     let root = Location::open(&args.root).with_context(|| format!("cannot open {}", args.root))?;
-    let summary = runtime::build(2)?.block_on(merge(&root))?;
+    let summary = runtime::build(2)?.block_on(merge(&root, args.binary_index))?;
     if args.json {
         outln!("{}", serde_json::to_string(&summary)?)?;
     } else {
         outln!(
-            "merged {} parts ({} shards, {} samples) into {}",
+            "merged {} parts ({} shards, {} samples) into {}{}",
             summary.parts.len(),
             summary.shards,
             summary.samples,
-            root.url_of("index.json")
+            root.url_of("index.json"),
+            if summary.binary_index {
+                format!(" and {}", root.url_of(BINARY_INDEX_BASENAME))
+            } else {
+                String::new()
+            }
         )?;
     }
     Ok(())
 }
 
-/// Merges `root/*/index.json` into `root/index.json`.
-pub async fn merge(root: &Location) -> anyhow::Result<MergeSummary> {
+/// Merges `root/*/index.json` into `root/index.json`, and into `root/index.ssx` when
+/// `binary_index` or a part has an `index.ssx`.
+pub async fn merge(root: &Location, binary_index: bool) -> anyhow::Result<MergeSummary> {
     let listing = root
         .list("")
         .await
@@ -70,6 +89,10 @@ pub async fn merge(root: &Location) -> anyhow::Result<MergeSummary> {
         .collect();
     parts.sort();
     parts.dedup();
+    let binary_index = binary_index
+        || listing.iter().any(|o| {
+            matches!(o.key.split('/').collect::<Vec<_>>()[..], [_, name] if name == BINARY_INDEX_BASENAME)
+        });
     if parts.is_empty() {
         bail!("no part index found: {} has no */index.json", root.url());
     }
@@ -98,9 +121,30 @@ pub async fn merge(root: &Location) -> anyhow::Result<MergeSummary> {
     }
     let count = shards.len() as u64;
     let merged = json!({"version": 2, "shards": shards});
-    root.put("index.json", Bytes::from(pyjson::dumps(&merged, false)))
+    let json_bytes = pyjson::dumps(&merged, false);
+    drop(merged);
+    // Built (and so checked) before anything is written: a merge that cannot be read back
+    // leaves the root as it was.
+    let binary = if binary_index {
+        let url = root.url_of("index.json");
+        Some(
+            index_bin::view_from_json(&url, json_bytes.as_bytes())
+                .with_context(|| format!("{url}: the merged index does not read back"))?
+                .into_bytes(),
+        )
+    } else {
+        None
+    };
+    root.put("index.json", Bytes::from(json_bytes))
         .await
         .with_context(|| format!("cannot write {}", root.url_of("index.json")))?;
+    // After index.json: a reader trusts index.ssx only if it mirrors the index.json beside it,
+    // so a stale one from an earlier merge is ignored until this one lands.
+    if let Some(binary) = binary {
+        root.put(BINARY_INDEX_BASENAME, Bytes::from(binary))
+            .await
+            .with_context(|| format!("cannot write {}", root.url_of(BINARY_INDEX_BASENAME)))?;
+    }
     tracing::info!(
         root = root.url(),
         parts = parts.len(),
@@ -112,6 +156,7 @@ pub async fn merge(root: &Location) -> anyhow::Result<MergeSummary> {
         parts,
         shards: count,
         samples,
+        binary_index,
     })
 }
 
