@@ -64,8 +64,10 @@
 //!   another, and the job's steady offer stays under the limit: AIMD probes up to the
 //!   ceiling, never above, and still decreases on `503`s (another tenant's load). A node
 //!   that does not fetch with all of its `P` processes (ranks whose DataLoader workers
-//!   fetch) uses less than its share. Unset by default: the limit is not known in general
-//!   (S3 splits a busy prefix beyond its documented 5,500 GET/s).
+//!   fetch) uses less than its share, and a prefix that one process uses alone (a
+//!   checkpoint commit's HEADs) gets one share of the job's: the cap is for jobs whose busy
+//!   prefixes all processes share (`docs/storage.md`). Unset by default: the limit is not
+//!   known in general (S3 splits a busy prefix beyond its documented 5,500 GET/s).
 //! - Retries of a throttled request are also jittered by `object_store`'s backoff
 //!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
 //!   [`crate::RetryPolicy`]) and then take a token like any attempt.
