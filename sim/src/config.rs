@@ -2,7 +2,10 @@
 //! policy, a checkpoint shape and an optional resize. Every field has a default (the 512-node
 //! case of `docs/scale.md`), so a JSON file names only what it changes.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+use shardstream_storage::shaping::ShapingConfig;
 
 use crate::error::{Result, SimError};
 
@@ -166,7 +169,8 @@ impl Default for Store {
 /// node's and the increase the job's: with `node_share` (what `storage::shaping` ships when
 /// torchrun's `LOCAL_WORLD_SIZE` and `WORLD_SIZE` are set), each process runs with
 /// `start_rate`, `min_rate` and `max_rate` divided by the node's processes,
-/// `ranks_per_node x (workers + 1)`, and `increase` by the job's (that times `nodes`).
+/// `ranks_per_node x (workers + 1)`, and `increase` by the job's (that times `nodes`). A
+/// declared `prefix_limit` (the job's) caps each process at its share of 0.9 of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Shaping {
@@ -195,6 +199,9 @@ pub struct Shaping {
     /// shipped policy when the node has a folder: `storage::shaping`'s node signal); `false`
     /// models each process decreasing on its own `503`s only.
     pub node_signal: bool,
+    /// The prefix's request limit the user declares for the whole job, requests/s
+    /// (`SHARDSTREAM_SHAPING_PREFIX_LIMIT`); `None` (the default): not declared.
+    pub prefix_limit: Option<f64>,
 }
 
 impl Default for Shaping {
@@ -212,22 +219,30 @@ impl Default for Shaping {
             jitter: 0.2,
             node_share: true,
             node_signal: true,
+            prefix_limit: None,
         }
     }
 }
 
 impl Shaping {
-    /// The parameters of one of `processes` processes of one of `nodes` nodes (as
-    /// `storage::shaping::ShapingConfig::shared_by`): the rates divided by the node's
-    /// processes, the increase by the job's.
-    pub fn shared_by(&self, processes: u64, nodes: u64) -> Self {
-        let n = processes.max(1) as f64;
-        Self {
-            start_rate: self.start_rate / n,
-            min_rate: self.min_rate / n,
-            max_rate: self.max_rate / n,
-            increase: self.increase / (n * nodes.max(1) as f64),
-            ..self.clone()
+    /// The limiter's parameters, before any sharing: the one mapping of this section to
+    /// `storage::shaping::ShapingConfig`, whose `shared_by` then divides them (the division
+    /// rule and the declared limit's cap live there only).
+    pub fn limiter(&self) -> ShapingConfig {
+        ShapingConfig {
+            enabled: self.enabled,
+            start_rate: self.start_rate,
+            min_rate: self.min_rate,
+            max_rate: self.max_rate,
+            increase: self.increase,
+            decrease: self.decrease,
+            cooldown: Duration::try_from_secs_f64(self.cooldown.max(0.0)).unwrap_or(Duration::MAX),
+            burst_seconds: self.burst_seconds,
+            jitter: self.jitter,
+            node_signal: self.node_signal,
+            node_dir: None,
+            prefix_limit: self.prefix_limit,
+            ..ShapingConfig::default()
         }
     }
 }
@@ -360,6 +375,10 @@ impl SimConfig {
                 "increase, cooldown and jitter must be 0 or more",
             ));
         }
+        if let Some(limit) = sh.prefix_limit {
+            positive("shaping.prefix_limit", limit)?;
+        }
+        self.shaping_processes()?;
         positive("model.seconds", self.model.seconds)?;
         if !(self.model.start_spread.is_finite() && self.model.start_spread >= 0.0) {
             return Err(bad("model.start_spread", "must be 0 or more seconds"));
@@ -376,6 +395,22 @@ impl SimConfig {
             return Err(bad("checkpoint.files_per_rank", "must be at least 1"));
         }
         Ok(())
+    }
+
+    /// Processes of a node that shape requests with a limiter of their own, as
+    /// `storage::shaping::node_processes` counts them under torchrun: each rank and its
+    /// DataLoader workers, `ranks_per_node x (workers + 1)`.
+    pub fn shaping_processes(&self) -> Result<u32> {
+        let c = &self.cluster;
+        c.workers
+            .checked_add(1)
+            .and_then(|w| w.checked_mul(c.ranks_per_node))
+            .ok_or_else(|| {
+                bad(
+                    "cluster.workers",
+                    "ranks_per_node x (workers + 1) overflows",
+                )
+            })
     }
 
     /// Lanes of the order: the configured count, else the node count.

@@ -42,6 +42,7 @@ pub mod startup;
 
 use std::time::Instant;
 
+use shardstream_storage::shaping::ShapingConfig;
 use shardstream_streamer::order::{DatasetShape, EpochOrder, OrderConfig};
 
 pub use config::SimConfig;
@@ -78,16 +79,23 @@ pub fn simulate(config: &SimConfig) -> Result<Report> {
     let nodes = u64::from(config.cluster.nodes);
     let per_node = ranks * workers.max(1);
     let demand = epoch.get_per_s_per_prefix_mean;
-    let mut off = config.shaping.clone();
-    off.enabled = false;
-    let mut on = if config.shaping.node_share {
-        config
-            .shaping
-            .shared_by(ranks * (workers + 1), u64::from(config.cluster.nodes))
+    // One process's limiter: shared by the node's processes and the job's nodes, and capped by
+    // a declared prefix limit, by the storage layer's own rule; without the share, a process
+    // that knows neither (`shared_by(1, 1)`: full rates, the whole declared limit).
+    let limiter = config.shaping.limiter();
+    let on = if config.shaping.node_share {
+        limiter.shared_by(config.shaping_processes()?, config.cluster.nodes)
     } else {
-        config.shaping.clone()
+        limiter.shared_by(1, 1)
     };
-    on.enabled = true;
+    let on = ShapingConfig {
+        enabled: true,
+        ..on
+    };
+    let off = ShapingConfig {
+        enabled: false,
+        ..on.clone()
+    };
     let limit = config.store.get_limit;
     let rates = vec![
         shaping::model_prefix(demand, nodes, per_node, limit, &off, config.model.seconds),

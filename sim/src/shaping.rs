@@ -10,8 +10,9 @@
 //! `storage::shaping` (token bucket per prefix, additive increase per unthrottled attempt,
 //! multiplicative decrease once per cooldown on a `503`): attempts beyond its rate wait in the
 //! process (a stall, not a request). The caller passes each process's parameters: with the
-//! shipped share, the node's rates divided by its processes and the increase by the job's
-//! (`Shaping::shared_by`).
+//! shipped share, the node's rates divided by its processes and the increase by the job's,
+//! and a declared prefix limit's cap (`storage::shaping::ShapingConfig::shared_by` of
+//! `Shaping::limiter`).
 //!
 //! Processes are simulated in groups of equal behaviour, and each group's rate is the state
 //! of a real `storage::shaping::Shaper` (its increase, its decrease and cooldown, its node
@@ -32,8 +33,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use shardstream_storage::shaping::{MemorySignal, NodeSignal, Shaper, ShapingConfig};
 use shardstream_storage::RetryPolicy;
-
-use crate::config::Shaping;
 
 const DT: f64 = 0.01;
 const GROUPS: usize = 256;
@@ -91,24 +90,6 @@ impl Group {
     }
 }
 
-/// The limiter parameters of `shaping`.
-fn limiter_config(shaping: &Shaping) -> ShapingConfig {
-    ShapingConfig {
-        enabled: true,
-        start_rate: shaping.start_rate,
-        min_rate: shaping.min_rate,
-        max_rate: shaping.max_rate,
-        increase: shaping.increase,
-        decrease: shaping.decrease,
-        cooldown: Duration::try_from_secs_f64(shaping.cooldown.max(0.0)).unwrap_or(Duration::MAX),
-        burst_seconds: shaping.burst_seconds,
-        jitter: shaping.jitter,
-        node_signal: shaping.node_signal,
-        node_dir: None,
-        ..ShapingConfig::default()
-    }
-}
-
 /// splitmix64, for the groups' decrease draws (deterministic).
 struct Draws(u64);
 
@@ -124,13 +105,14 @@ impl Draws {
 }
 
 /// Plays `seconds` of `nodes x per_node` processes wanting `demand` requests/s from a prefix
-/// of `limit` requests/s.
+/// of `limit` requests/s, each with the limiter `shaping` (one process's parameters; off when
+/// `shaping.enabled` is false).
 pub fn model_prefix(
     demand: f64,
     nodes: u64,
     per_node: u64,
     limit: f64,
-    shaping: &Shaping,
+    shaping: &ShapingConfig,
     seconds: f64,
 ) -> RateReport {
     let (nodes, per_node) = (nodes.max(1), per_node.max(1));
@@ -142,7 +124,11 @@ pub fn model_prefix(
     let attempts = retry.max_retries;
     // retries[a][step]: attempts of retry number a+1 due at step.
     let mut retries = vec![vec![0f64; steps + 1]; attempts];
-    let limiter = limiter_config(shaping);
+    let limiter = ShapingConfig {
+        enabled: true,
+        node_dir: None,
+        ..shaping.clone()
+    };
     let start = Instant::now();
     let node_signal = shaping.enabled && shaping.node_signal;
     // Groups of processes with one limiter each, and the processes of one node in a group
@@ -309,9 +295,9 @@ mod tests {
     #[test]
     fn under_the_limit_every_request_is_served_once() {
         for enabled in [false, true] {
-            let shaping = Shaping {
+            let shaping = ShapingConfig {
                 enabled,
-                ..Shaping::default()
+                ..ShapingConfig::default()
             };
             let r = model_prefix(1000.0, 8, 8, 5500.0, &shaping, 10.0);
             assert!((r.offered - 1000.0).abs() < 1.0, "{r:?}");
@@ -321,14 +307,14 @@ mod tests {
 
     #[test]
     fn over_the_limit_retries_inflate_the_offer_and_shaping_with_room_caps_it() {
-        let off = Shaping {
+        let off = ShapingConfig {
             enabled: false,
-            ..Shaping::default()
+            ..ShapingConfig::default()
         };
         let r = model_prefix(10_000.0, 8, 8, 5500.0, &off, 30.0);
         assert!(r.offered > 10_000.0 && r.served <= 5500.0 + 1e-6, "{r:?}");
         // 64 processes: their floor (64 x min_rate) is far under the limit, so AIMD settles.
-        let on = Shaping::default();
+        let on = ShapingConfig::default();
         let r = model_prefix(10_000.0, 8, 8, 5500.0, &on, 60.0);
         assert!(r.offered < 5500.0 * 1.5, "{r:?}");
     }
@@ -340,18 +326,48 @@ mod tests {
         // and each process on its own 503s, the offer settles near the limit (AIMD's
         // saw-tooth: within 3 %, nothing fails); with the node signal, at it (within 0.1 %,
         // and far fewer 503s); with one full set of rates per process it is far over.
-        let shared = Shaping::default().shared_by(8 * 9, 512);
+        let shared = ShapingConfig::default().shared_by(8 * 9, 512);
         let on = model_prefix(20_480.0, 512, 64, 5500.0, &shared, 120.0);
         assert!(on.offered < 5500.0 * 1.001 && on.failed < 0.01, "{on:?}");
-        let no_signal = Shaping {
+        let no_signal = ShapingConfig {
             node_signal: false,
             ..shared
         };
         let r = model_prefix(20_480.0, 512, 64, 5500.0, &no_signal, 120.0);
         assert!(r.offered < 5500.0 * 1.03 && r.failed < 0.01, "{r:?}");
         assert!(on.throttled * 10.0 < r.throttled, "{on:?} {r:?}");
-        let per_process = Shaping::default();
+        let per_process = ShapingConfig::default();
         let r = model_prefix(20_480.0, 512, 64, 5500.0, &per_process, 120.0);
         assert!(r.offered > 5500.0 * 2.0, "{r:?}");
+    }
+
+    #[test]
+    fn at_512_nodes_a_declared_prefix_limit_holds_the_job_clearly_under_it() {
+        // The same job with the prefix's 5,500 declared: each of the 36,864 limiters (8 x 9
+        // per node) is capped at 5,500 x 0.9 / 36,864 = 0.134/s.
+        let declared = ShapingConfig {
+            prefix_limit: Some(5500.0),
+            ..ShapingConfig::default()
+        }
+        .shared_by(8 * 9, 512);
+        // As shipped otherwise: all 32,768 fetching processes start in the model's first
+        // 10 ms with their saved tokens (0.25 s of rate), which is over the prefix's share of
+        // that step: one 503 episode halves every node, and the job then regains 10 GET/s per
+        // second (`docs/scale.md`). Under the limit throughout; nothing fails.
+        let r = model_prefix(20_480.0, 512, 64, 5500.0, &declared, 60.0);
+        assert!(r.offered_peak < 5500.0 * 0.95, "{r:?}");
+        assert_eq!((r.throttled, r.failed), (0.0, 0.0), "{r:?}");
+        // Without that start burst, the offer sits at the cap from the start: the 32,768
+        // processes that fetch (the workers) offer 32,768 x 0.134 = 4,400/s, and AIMD never
+        // probes above it.
+        let unbursted = ShapingConfig {
+            burst_seconds: 0.0,
+            ..declared
+        };
+        let r = model_prefix(20_480.0, 512, 64, 5500.0, &unbursted, 20.0);
+        let cap = 5500.0 * 0.9 * 64.0 / 72.0;
+        assert!((r.offered - cap).abs() < cap * 0.001, "{r:?}");
+        assert!(r.offered_peak < cap * 1.001, "{r:?}");
+        assert_eq!((r.throttled, r.failed), (0.0, 0.0), "{r:?}");
     }
 }

@@ -13,7 +13,7 @@ use crate::env::{AwsCredentials, Env, S3Settings};
 use crate::error::{Result, StorageError};
 use crate::listing::KeySafeStore;
 use crate::options::StorageOptions;
-use crate::shaping::{ShapingConfig, ShapingConnector};
+use crate::shaping::{Shaper, ShapingConfig, ShapingConnector};
 use crate::url::StorageUrl;
 
 /// A built store and what is known of it.
@@ -26,6 +26,9 @@ pub(crate) struct Built {
     /// s3s-fs's do); GCS and Azure are atomic, but their emulators are set up through many keys
     /// (service account files, emulator flags) and are not told apart here, so not trusted.
     pub(crate) atomic_create: bool,
+    /// The limiter every HTTP attempt of a remote store passes through; `None` for a local
+    /// directory and when shaping is off.
+    pub(crate) shaper: Option<Arc<Shaper>>,
 }
 
 /// Builds the store for `url`, configured from `env` and `options`. Remote stores are wrapped
@@ -77,6 +80,7 @@ pub(crate) fn build(url: &StorageUrl, env: &Env, options: &StorageOptions) -> Re
             Ok(Built {
                 store: Arc::new(KeySafeStore::new(store)),
                 atomic_create: settings.endpoint.is_none(),
+                shaper,
             })
         }
         StorageUrl::Gcs { bucket, .. } => {
@@ -107,6 +111,7 @@ pub(crate) fn build(url: &StorageUrl, env: &Env, options: &StorageOptions) -> Re
             Ok(Built {
                 store: Arc::new(KeySafeStore::new(store)),
                 atomic_create: false,
+                shaper,
             })
         }
         StorageUrl::Azure { base, .. } => {
@@ -131,6 +136,7 @@ pub(crate) fn build(url: &StorageUrl, env: &Env, options: &StorageOptions) -> Re
             Ok(Built {
                 store: Arc::new(KeySafeStore::new(store)),
                 atomic_create: false,
+                shaper,
             })
         }
         StorageUrl::Local { .. } => {
@@ -139,6 +145,7 @@ pub(crate) fn build(url: &StorageUrl, env: &Env, options: &StorageOptions) -> Re
             Ok(Built {
                 store: Arc::new(LocalFileSystem::new().with_fsync(true)),
                 atomic_create: true,
+                shaper: None,
             })
         }
     }

@@ -18,6 +18,7 @@ use crate::error::{Result, StorageError};
 use crate::key;
 use crate::listing;
 use crate::options::StorageOptions;
+use crate::shaping::{Shaper, ShapingConfig};
 use crate::url::StorageUrl;
 
 /// An object's metadata, with its name relative to the location it was listed from.
@@ -53,6 +54,7 @@ pub struct Location {
     local_root: Option<PathBuf>,
     options: Arc<StorageOptions>,
     atomic_create: bool,
+    shaper: Option<Arc<Shaper>>,
 }
 
 impl Location {
@@ -72,6 +74,7 @@ impl Location {
         let backend::Built {
             store,
             atomic_create,
+            shaper,
         } = backend::build(url, env, options)?;
         let (prefix, local_root) = match url {
             StorageUrl::S3 { prefix, .. }
@@ -93,6 +96,7 @@ impl Location {
             local_root,
             options: Arc::new(options.clone()),
             atomic_create,
+            shaper,
         })
     }
 
@@ -153,6 +157,14 @@ impl Location {
     /// The location as a URL (`s3://bucket/prefix`) or, for local locations, a path.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The parameters of the request limiter this location's store was opened with (see
+    /// [`crate::shaping`]): its options' `shaping`, else the environment's
+    /// ([`ShapingConfig::from_env`]); `None` for a local directory (not shaped) and when
+    /// shaping is off. Read-only: a limiter is fixed when the store is opened.
+    pub fn shaping(&self) -> Option<&ShapingConfig> {
+        self.shaper.as_deref().map(Shaper::config)
     }
 
     /// The transfer options.

@@ -55,6 +55,27 @@
 //!   cannot be read or written, or holds anything but a timestamp, is logged and ignored:
 //!   the signal never fails a request. [`MemorySignal`] is the same signal in memory (tests,
 //!   the scale simulator).
+//! - **Declared prefix limit** (optional, datasets' reads only): a user who knows the store's
+//!   per-prefix request limit sets it for the whole job (`SHARDSTREAM_SHAPING_PREFIX_LIMIT`,
+//!   [`declared_prefix_limit`], [`ShapingConfig::prefix_limit`]); each process then caps
+//!   `max_rate` (and `start_rate`) at its share of 0.9 of it ([`PREFIX_LIMIT_HEADROOM`] says
+//!   why 0.9): `prefix_limit x 0.9 / (P x nodes)`, with the same `P` and nodes as the node
+//!   share ([`ShapingConfig::prefix_ceiling`]). No process talks to another, and the job's
+//!   steady offer stays under the limit: AIMD probes up to the ceiling, never above, and still
+//!   decreases on `503`s (another tenant's load). A node that does not fetch with all of its
+//!   `P` processes (ranks whose DataLoader workers fetch) uses less than its share. A static
+//!   share is only right where the job's processes share a prefix evenly, a dataset being
+//!   streamed, so the limit is put only on the stores the streamer opens for datasets
+//!   (`StreamingDataset`: Python datasets, `shardstream stream`, the FUSE mount), through
+//!   [`ShapingConfig::from_env_with_prefix_limit`]. [`ShapingConfig::from_env`], the
+//!   configuration of every other store (checkpoints, uploads, `shardstream transfer`),
+//!   ignores it: there one process may use a prefix alone (a checkpoint coordinator's commit)
+//!   and would get one share of the job's, and PUT limits differ (S3 documents 3,500 PUT/s
+//!   against 5,500 GET/s per prefix). Such a dataset limiter is another [`Shaper`] of the
+//!   process (its configuration differs) with its own prefix states; the node signal is per
+//!   prefix, whichever limiter publishes or reads it, so a `503` on a dataset prefix still
+//!   decreases every limiter of the node that uses that prefix. Unset by default: the limit is
+//!   not known in general (S3 splits a busy prefix beyond its documented 5,500 GET/s).
 //! - Retries of a throttled request are also jittered by `object_store`'s backoff
 //!   (decorrelated jitter between `init_backoff` and `base x` the previous wait, see
 //!   [`crate::RetryPolicy`]) and then take a token like any attempt.
@@ -62,8 +83,10 @@
 //! Defaults ([`ShapingConfig::default`]): on, `start_rate` 2000/s per prefix and node (a
 //! node rarely needs more from one prefix; S3 serves about 5,500 GET/s per partitioned
 //! prefix), `min_rate` 1/s, `max_rate` 20000/s, `increase` 10/s per second, `decrease` 0.5,
-//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2, node signal on (read every 50 ms).
-//! The `SHARDSTREAM_SHAPING*` variables ([`ShapingConfig::from_env`]) change them.
+//! `cooldown` 500 ms, `burst_seconds` 0.25, `jitter` 0.2, node signal on (read every 50 ms),
+//! no declared prefix limit.
+//! The `SHARDSTREAM_SHAPING*` variables ([`ShapingConfig::from_env`]) change them; the
+//! declared prefix limit only for datasets' reads.
 //!
 //! ```
 //! use shardstream_storage::shaping::ShapingConfig;
@@ -104,6 +127,19 @@ pub const INCREASE_ENV: &str = "SHARDSTREAM_SHAPING_INCREASE";
 pub const DECREASE_ENV: &str = "SHARDSTREAM_SHAPING_DECREASE";
 /// Processes of this node that share its rates (see [`node_processes`]).
 pub const PROCESSES_ENV: &str = "SHARDSTREAM_SHAPING_PROCESSES";
+/// The store's request limit per prefix for the whole job, attempts per second, when the user
+/// knows it (see [`ShapingConfig::prefix_limit`]); unset: unknown. Read by
+/// [`declared_prefix_limit`] for datasets' reads only, not by [`ShapingConfig::from_env`].
+pub const PREFIX_LIMIT_ENV: &str = "SHARDSTREAM_SHAPING_PREFIX_LIMIT";
+/// Fraction of a declared prefix limit the job aims at (see [`ShapingConfig::prefix_limit`]).
+///
+/// The ceiling is a steady rate; what the store counts in its window can exceed it: each
+/// process saves up a burst (`burst_seconds` of its rate, at least one token) that it spends
+/// at once after a pause, jitter and DataLoader restarts bunch the processes' attempts, and a
+/// documented limit is approximate ("at least 5,500" for S3). AIMD itself never probes above
+/// the ceiling (it is `max_rate`), and retries take tokens like any attempt. The price is
+/// 10 % of what the prefix would serve.
+pub const PREFIX_LIMIT_HEADROOM: f64 = 0.9;
 /// DataLoader workers per rank, for the node's process count when
 /// [`PROCESSES_ENV`] is not set.
 pub const WORKERS_ENV: &str = "SHARDSTREAM_SHAPING_WORKERS";
@@ -152,6 +188,17 @@ pub struct ShapingConfig {
     pub node_dir: Option<PathBuf>,
     /// A process reads the node's signal of a prefix at most once per this long.
     pub node_poll: Duration,
+    /// The store's request limit per prefix, attempts per second for the *whole job*, when the
+    /// user declares it ([`PREFIX_LIMIT_ENV`], put on the configuration of datasets' reads only:
+    /// see "Declared prefix limit" in the module docs); `None` (the default, and always from
+    /// [`ShapingConfig::from_env`]): unknown, and AIMD finds
+    /// the limit by its `503`s, which holds a prefix *at* its limit, not under it. When set,
+    /// [`ShapingConfig::shared_by`] caps each process's `max_rate` (and `start_rate`) at its
+    /// share of [`PREFIX_LIMIT_HEADROOM`] x the limit, so that the job stays under it without
+    /// any communication; AIMD still runs below that ceiling (other tenants' load still
+    /// throttles). Not defaulted for S3: its 5,500 GET/s is a floor per partitioned prefix, and
+    /// S3 partitions a busy prefix further, so a ceiling would forgo what it would serve.
+    pub prefix_limit: Option<f64>,
 }
 
 impl Default for ShapingConfig {
@@ -169,14 +216,42 @@ impl Default for ShapingConfig {
             node_signal: true,
             node_dir: None,
             node_poll: Duration::from_millis(50),
+            prefix_limit: None,
         }
     }
 }
 
 impl ShapingConfig {
-    /// The defaults, changed by the `SHARDSTREAM_SHAPING*` variables of `env`; a value that
-    /// does not parse or is out of range is a configuration error naming the variable.
+    /// The defaults, changed by the `SHARDSTREAM_SHAPING*` variables of `env`, shared by the
+    /// node's processes and the job's nodes ([`ShapingConfig::shared_by`]); a value that does
+    /// not parse or is out of range is a configuration error naming the variable.
+    ///
+    /// The declared prefix limit ([`PREFIX_LIMIT_ENV`]) is *not* read here: this is the
+    /// configuration of every store a process opens (checkpoints, uploads, transfers), where
+    /// one process may use a prefix alone. Datasets' reads add it
+    /// ([`ShapingConfig::from_env_with_prefix_limit`] with [`declared_prefix_limit`]).
     pub fn from_env(env: &Env) -> Result<Self> {
+        Self::from_env_with_prefix_limit(env, None)
+    }
+
+    /// [`ShapingConfig::from_env`] with `prefix_limit` declared for the whole job
+    /// ([`ShapingConfig::prefix_limit`]): each process's rates are capped at its share of it.
+    /// For the stores of a prefix that all the job's processes share evenly: the streamer
+    /// opens datasets with `declared_prefix_limit(env)` here. A limit that is not a positive
+    /// number is a configuration error naming [`PREFIX_LIMIT_ENV`].
+    ///
+    /// ```
+    /// use shardstream_storage::shaping::{declared_prefix_limit, ShapingConfig, PREFIX_LIMIT_ENV};
+    /// use shardstream_storage::Env;
+    /// let env = Env::from_pairs([(PREFIX_LIMIT_ENV, "5500"), ("LOCAL_WORLD_SIZE", "8")]);
+    /// // Every store: the node share only.
+    /// assert_eq!(ShapingConfig::from_env(&env).unwrap().max_rate, 20_000.0 / 8.0);
+    /// // A dataset's reads: capped at 0.9 x 5,500 / 8.
+    /// let limit = declared_prefix_limit(&env).unwrap();
+    /// let reads = ShapingConfig::from_env_with_prefix_limit(&env, limit).unwrap();
+    /// assert!((reads.max_rate - 0.9 * 5500.0 / 8.0).abs() < 1e-9);
+    /// ```
+    pub fn from_env_with_prefix_limit(env: &Env, prefix_limit: Option<f64>) -> Result<Self> {
         let mut config = Self::default();
         if let Some(v) = env.get(SHAPING_ENV).filter(|v| !v.trim().is_empty()) {
             config.enabled = match v.trim().to_ascii_lowercase().as_str() {
@@ -194,6 +269,7 @@ impl ShapingConfig {
         config.max_rate = number(MAX_RATE_ENV, config.max_rate)?;
         config.increase = number(INCREASE_ENV, config.increase)?;
         config.decrease = number(DECREASE_ENV, config.decrease)?;
+        config.prefix_limit = prefix_limit;
         if let Some(v) = env
             .get(NODE_DIR_ENV)
             .map(str::trim)
@@ -215,17 +291,44 @@ impl ShapingConfig {
     /// processes add up to one limiter), `increase` by `processes x nodes` (so that the whole
     /// job regains `increase` per second: each node's decreases are its own (each process's,
     /// without the node signal), and uncorrelated decreases only hold a prefix near its limit
-    /// when the sum of the increases is small; see `docs/scale.md`). `shared_by(1, 1)` is
-    /// `self`.
+    /// when the sum of the increases is small; see `docs/scale.md`). With a declared
+    /// [`ShapingConfig::prefix_limit`], `max_rate` is further capped at the process's share
+    /// of it ([`ShapingConfig::prefix_ceiling`]), and `start_rate` and `min_rate` with it.
+    /// `shared_by(1, 1)` is `self` when no limit is declared.
+    ///
+    /// ```
+    /// use shardstream_storage::shaping::ShapingConfig;
+    /// // 512 nodes x 8 ranks x (8 workers + 1) under a declared 5,500 GET/s.
+    /// let job = ShapingConfig { prefix_limit: Some(5500.0), ..ShapingConfig::default() };
+    /// let process = job.shared_by(72, 512);
+    /// assert!((process.max_rate * 72.0 * 512.0 - 0.9 * 5500.0).abs() < 1e-6);
+    /// assert!(process.min_rate <= process.start_rate && process.start_rate <= process.max_rate);
+    /// ```
     pub fn shared_by(&self, processes: u32, nodes: u32) -> Self {
         let n = f64::from(processes.max(1));
-        Self {
+        let mut shared = Self {
             start_rate: self.start_rate / n,
             min_rate: self.min_rate / n,
             max_rate: self.max_rate / n,
             increase: self.increase / (n * f64::from(nodes.max(1))),
             ..self.clone()
+        };
+        if let Some(ceiling) = self.prefix_ceiling(processes, nodes) {
+            shared.max_rate = shared.max_rate.min(ceiling);
+            shared.start_rate = shared.start_rate.min(ceiling);
+            shared.min_rate = shared.min_rate.min(ceiling);
         }
+        shared
+    }
+
+    /// The most attempts per second one of `processes` processes of each of `nodes` nodes
+    /// makes on a prefix under the declared [`ShapingConfig::prefix_limit`]:
+    /// `prefix_limit x PREFIX_LIMIT_HEADROOM / (processes x nodes)`; `None` when none is
+    /// declared.
+    pub fn prefix_ceiling(&self, processes: u32, nodes: u32) -> Option<f64> {
+        let job = f64::from(processes.max(1)) * f64::from(nodes.max(1));
+        self.prefix_limit
+            .map(|limit| limit * PREFIX_LIMIT_HEADROOM / job)
     }
 
     /// Refuses parameters the limiter cannot run with.
@@ -244,6 +347,12 @@ impl ShapingConfig {
                 START_RATE_ENV,
                 "must lie between the minimum and maximum rates",
             ));
+        }
+        if self
+            .prefix_limit
+            .is_some_and(|limit| !(limit.is_finite() && limit > 0.0))
+        {
+            return Err(bad(PREFIX_LIMIT_ENV, "must be a positive number"));
         }
         let finite_non_negative = |x: f64| x.is_finite() && x >= 0.0;
         if ![self.burst_seconds, self.jitter, self.increase]
@@ -288,6 +397,20 @@ pub fn use_node_folder(dir: &Path) {
     if NODE_FOLDER.set(dir.to_path_buf()).is_ok() {
         tracing::debug!(dir = %dir.display(), "request shaping shares throttling with the node");
     }
+}
+
+/// The store's request limit per prefix that the user declares for the whole job
+/// ([`PREFIX_LIMIT_ENV`], attempts per second), `None` when unset or blank; a value that is
+/// not a positive number is a configuration error naming the variable. The one reader of the
+/// variable; the streamer puts it on its datasets' configuration
+/// ([`ShapingConfig::from_env_with_prefix_limit`]), [`ShapingConfig::from_env`] ignores it.
+pub fn declared_prefix_limit(env: &Env) -> Result<Option<f64>> {
+    env_value(
+        env,
+        PREFIX_LIMIT_ENV,
+        |x: &f64| x.is_finite() && *x > 0.0,
+        "expected a positive number of requests per second for the whole job",
+    )
 }
 
 /// Processes of this node that shape requests with their own limiter: `SHARDSTREAM_SHAPING_
@@ -829,6 +952,147 @@ mod tests {
         );
     }
 
+    /// 512 nodes x 8 ranks x 8 workers (72 processes a node) under a declared 5,500/s.
+    fn declared_512() -> Env {
+        Env::from_pairs([
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("WORLD_SIZE", "4096"),
+            ("SHARDSTREAM_SHAPING_WORKERS", "8"),
+            (PREFIX_LIMIT_ENV, "5500"),
+        ])
+    }
+
+    /// A dataset's reads: the environment's configuration with its declared limit.
+    fn dataset_reads(env: &Env) -> Result<ShapingConfig> {
+        ShapingConfig::from_env_with_prefix_limit(env, declared_prefix_limit(env)?)
+    }
+
+    #[test]
+    fn a_declared_prefix_limit_comes_from_the_environment_and_bad_ones_name_it() {
+        let env = Env::from_pairs([(PREFIX_LIMIT_ENV, " 3500.5 ")]);
+        assert_eq!(declared_prefix_limit(&env).unwrap(), Some(3500.5));
+        assert_eq!(dataset_reads(&env).unwrap().prefix_limit, Some(3500.5));
+        // Unset or blank: no limit declared, and the defaults are untouched.
+        for pairs in [vec![], vec![(PREFIX_LIMIT_ENV, "  ")]] {
+            let env = Env::from_pairs(pairs);
+            assert_eq!(declared_prefix_limit(&env).unwrap(), None);
+            assert_eq!(dataset_reads(&env).unwrap(), ShapingConfig::default());
+        }
+        for value in ["0", "-5500", "NaN", "inf", "lots", "5,500"] {
+            let err =
+                declared_prefix_limit(&Env::from_pairs([(PREFIX_LIMIT_ENV, value)])).unwrap_err();
+            assert!(err.to_string().contains(PREFIX_LIMIT_ENV), "{value}: {err}");
+        }
+        // A limit given in code is checked the same way, on its own or on a configuration.
+        for limit in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let err = ShapingConfig::from_env_with_prefix_limit(&Env::default(), Some(limit))
+                .unwrap_err();
+            assert!(err.to_string().contains(PREFIX_LIMIT_ENV), "{limit}: {err}");
+            let c = ShapingConfig {
+                prefix_limit: Some(limit),
+                ..ShapingConfig::default()
+            };
+            let err = c.check().unwrap_err();
+            assert!(err.to_string().contains(PREFIX_LIMIT_ENV), "{limit}: {err}");
+        }
+    }
+
+    #[test]
+    fn from_env_ignores_a_declared_prefix_limit() {
+        // Every store of a process (checkpoints, uploads, transfers) gets the node share only,
+        // whatever the variable says, even a value that would not parse: only datasets' reads
+        // read it.
+        let mut pairs = vec![
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("WORLD_SIZE", "4096"),
+            ("SHARDSTREAM_SHAPING_WORKERS", "8"),
+        ];
+        let plain = ShapingConfig::from_env(&Env::from_pairs(pairs.clone())).unwrap();
+        assert_eq!(plain, ShapingConfig::default().shared_by(72, 512));
+        for value in ["5500", "0.001", "lots"] {
+            pairs.push((PREFIX_LIMIT_ENV, value));
+            let c = ShapingConfig::from_env(&Env::from_pairs(pairs.clone())).unwrap();
+            assert_eq!(c, plain, "{value}");
+            assert_eq!(c.prefix_limit, None);
+            pairs.pop();
+        }
+        // The same environment's dataset reads are capped.
+        let reads = dataset_reads(&declared_512()).unwrap();
+        assert_eq!(reads.prefix_limit, Some(5500.0));
+        assert_eq!(reads.max_rate, reads.prefix_ceiling(72, 512).unwrap());
+        assert!(reads.max_rate < plain.max_rate);
+    }
+
+    #[test]
+    fn a_declared_prefix_limit_caps_each_process_at_its_share_of_the_job() {
+        let c = dataset_reads(&declared_512()).unwrap();
+        let ceiling = 5500.0 * PREFIX_LIMIT_HEADROOM / (72.0 * 512.0);
+        assert_eq!(c.prefix_ceiling(72, 512), Some(ceiling));
+        assert_eq!(c.max_rate, ceiling);
+        assert_eq!(c.start_rate, ceiling);
+        assert!(c.min_rate <= c.max_rate);
+        // The node share and the job's increase are as without a declared limit.
+        let d = ShapingConfig::default();
+        assert_eq!(c.min_rate * 72.0, d.min_rate);
+        assert_eq!(c.increase * 72.0 * 512.0, d.increase);
+        // A limit above what the rates reach changes nothing; one below the floor lowers it.
+        let high = ShapingConfig {
+            prefix_limit: Some(1e9),
+            ..d.clone()
+        };
+        let shared = high.shared_by(8, 2);
+        assert_eq!(
+            (shared.start_rate, shared.min_rate, shared.max_rate),
+            (d.start_rate / 8.0, d.min_rate / 8.0, d.max_rate / 8.0)
+        );
+        let tiny = ShapingConfig {
+            prefix_limit: Some(10.0),
+            ..d.clone()
+        };
+        let shared = tiny.shared_by(72, 512);
+        assert!(shared.check().is_ok());
+        assert_eq!(shared.min_rate, shared.max_rate);
+        // A single process gets 0.9 of the limit; without one declared, itself.
+        let one = ShapingConfig {
+            prefix_limit: Some(100.0),
+            ..d.clone()
+        };
+        assert_eq!(one.shared_by(1, 1).max_rate, 90.0);
+        assert_eq!(d.shared_by(1, 1), d);
+    }
+
+    #[test]
+    fn the_limiter_never_exceeds_the_declared_ceiling() {
+        let c = dataset_reads(&declared_512()).unwrap();
+        let ceiling = c.max_rate;
+        let shaper = Shaper::new(ShapingConfig {
+            node_signal: false,
+            ..c
+        });
+        // Additive increase stops at the ceiling, whatever the number of successes.
+        let t0 = Instant::now();
+        shaper.reserve("p", t0);
+        for _ in 0..10_000 {
+            shaper.succeeded("p");
+        }
+        assert_eq!(shaper.state("p").unwrap().rate, ceiling);
+        // A process always ready to send gets at most the ceiling's attempts (plus the one
+        // token it starts with) over an hour.
+        let hour = 3600.0;
+        let mut now = t0;
+        let mut attempts = 1u32;
+        while now.duration_since(t0).as_secs_f64() < hour {
+            now += shaper.reserve("p", now);
+            shaper.succeeded("p");
+            attempts += 1;
+        }
+        assert!(f64::from(attempts) <= ceiling * hour + 2.0, "{attempts}");
+        assert!(f64::from(attempts) >= ceiling * hour - 2.0, "{attempts}");
+        // AIMD still runs under the ceiling: a 503 halves the rate.
+        assert!(shaper.throttled("p", now));
+        assert_eq!(shaper.state("p").unwrap().rate, ceiling / 2.0);
+    }
+
     /// Two processes of one node: two limiters sharing `signal`.
     fn two_of_a_node(signal: Arc<dyn NodeSignal>) -> (Shaper, Shaper) {
         let c = ShapingConfig {
@@ -930,6 +1194,41 @@ mod tests {
         assert!(!b.follow_node("p", t0 + Duration::from_millis(180)));
         assert_eq!(b.reserve("p", t0 + Duration::from_secs(10)), Duration::ZERO);
         assert_eq!(b.state("p").unwrap().rate, 50.0);
+    }
+
+    #[test]
+    fn a_dataset_limiter_is_its_own_and_shares_the_node_signal_with_the_others() {
+        // A process with a declared limit has two limiters: its datasets' reads (capped) and
+        // every other store's. They keep their own prefix states, and the node's signal, one
+        // file per prefix, reaches both whichever was throttled.
+        let dir = tempfile::tempdir().unwrap();
+        let dir_value = dir.path().to_str().unwrap().to_string();
+        let env = Env::from_pairs([
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("WORLD_SIZE", "4096"),
+            ("SHARDSTREAM_SHAPING_WORKERS", "8"),
+            (PREFIX_LIMIT_ENV, "5500"),
+            (NODE_DIR_ENV, dir_value.as_str()),
+        ]);
+        let reads = dataset_reads(&env).unwrap();
+        let plain = ShapingConfig::from_env(&env).unwrap();
+        assert_ne!(reads, plain);
+        let (r, o) = (reads.shaper().unwrap(), plain.shaper().unwrap());
+        assert!(!Arc::ptr_eq(&r, &o));
+        assert!(Arc::ptr_eq(&r, &reads.shaper().unwrap()));
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        r.reserve("p", t0);
+        o.reserve("p", t0);
+        assert_eq!(r.state("p").unwrap().rate, reads.start_rate);
+        assert_eq!(o.state("p").unwrap().rate, plain.start_rate);
+        assert!(r.throttled("p", ms(10)));
+        assert!(o.follow_node("p", ms(60)));
+        assert_eq!(o.state("p").unwrap().rate, plain.start_rate / 2.0);
+        // And the other way round, the next episode.
+        assert!(o.throttled("p", ms(700)));
+        assert!(r.follow_node("p", ms(760)));
+        assert_eq!(r.state("p").unwrap().rate, reads.start_rate / 4.0);
     }
 
     #[test]

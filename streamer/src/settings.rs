@@ -20,8 +20,8 @@ pub const RETRY_WINDOW_ENV: &str = "SHARDSTREAM_RETRY_WINDOW";
 pub use shardstream_storage::shaping::{
     DECREASE_ENV as SHAPING_DECREASE_ENV, INCREASE_ENV as SHAPING_INCREASE_ENV,
     MAX_RATE_ENV as SHAPING_MAX_RATE_ENV, MIN_RATE_ENV as SHAPING_MIN_RATE_ENV,
-    PROCESSES_ENV as SHAPING_PROCESSES_ENV, SHAPING_ENV, START_RATE_ENV as SHAPING_START_RATE_ENV,
-    WORKERS_ENV as SHAPING_WORKERS_ENV,
+    PREFIX_LIMIT_ENV as SHAPING_PREFIX_LIMIT_ENV, PROCESSES_ENV as SHAPING_PROCESSES_ENV,
+    SHAPING_ENV, START_RATE_ENV as SHAPING_START_RATE_ENV, WORKERS_ENV as SHAPING_WORKERS_ENV,
 };
 /// Longest random delay, in seconds, before a remote `index.json` is fetched from the store:
 /// many nodes starting together then spread their GETs of that one key over this window.

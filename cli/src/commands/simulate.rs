@@ -75,6 +75,10 @@ pub struct SimulateArgs {
     /// Shaping's starting rate per prefix and process.
     #[arg(long)]
     pub start_rate: Option<f64>,
+    /// The prefix's request limit declared to the limiters, GET/s for the whole job
+    /// (`SHARDSTREAM_SHAPING_PREFIX_LIMIT`; default: none declared).
+    #[arg(long)]
+    pub prefix_limit: Option<f64>,
     /// Resize to this many nodes mid-epoch.
     #[arg(long)]
     pub resize_to: Option<u32>,
@@ -143,6 +147,9 @@ fn config_of(args: &SimulateArgs) -> anyhow::Result<SimConfig> {
     set!(c.store.get_limit, args.get_limit);
     set!(c.store.put_limit, args.put_limit);
     set!(c.shaping.start_rate, args.start_rate);
+    if args.prefix_limit.is_some() {
+        c.shaping.prefix_limit = args.prefix_limit;
+    }
     set!(
         c.checkpoint.bytes_per_rank,
         args.checkpoint_bytes.map(|b| b.0)
