@@ -47,7 +47,10 @@ ZERO_COPY = "shardstream (python, zero_copy)"
 # --- turning each system's sample into (id, data), in the worker that produced it -----------------
 
 def _extract_dict(s):
-    return int(s["id"]), bytes(s["data"])
+    # A `bytes` value (or one of a subclass) is used as it is, as a training step would use it: a
+    # copy here would replace what the loader hands out with a plain `bytes` of the benchmark's.
+    data = s["data"]
+    return int(s["id"]), data if isinstance(data, bytes) else bytes(data)
 
 
 def _extract_wds(s):
