@@ -4,6 +4,7 @@ the worker: plain `bytes` through the pipe against `shardstream._transport.Share
 the worker's shared ring (docs/python.md, "Large sample values from workers").
 
     .venv/bin/python benches/loader_transport.py [--sizes 1MB,10KB] [--reps 3] [--modes ...]
+    .venv/bin/python benches/loader_transport.py --mds DIR --modes pipe,ring   # a real dataset
 
 Modes (each sample's bytes are made from a per-worker template, half random and half zeros, with
 the sample's id in its first 8 bytes):
@@ -17,6 +18,9 @@ the sample's id in its first 8 bytes):
                  to a `pread` per value; see `_transport`)
   arena-off      `shared` with SHARDSTREAM_WORKER_SAMPLE_ARENA=0 (the wrap's cost alone)
   MODE@SIZE      MODE with SHARDSTREAM_WORKER_SAMPLE_ARENA=SIZE (e.g. `shared@64MiB`)
+With `--mds DIR`, `pipe` and `ring` read a local MDS dataset of the same samples (written into
+DIR/<size> if missing) with `StreamingDataset(local=..., batch_size=64)`: the ring off
+(SHARDSTREAM_WORKER_SAMPLE_ARENA=0, the path before it) and on.
 
 The training process checks every batch (length and id head of every sample) and counts MB/s and
 samples/s after the first batch; the modes alternate, each rep runs every mode once, and the
@@ -63,10 +67,16 @@ def counting(*a):
     return read(*a)
 transport._read = counting  # counts the values that came through a ring
 
-loader = DataLoader(Samples(), batch_size=batch, num_workers=workers)
+if mode.startswith("mds:"):  # a local MDS dataset through StreamingDataset (see --mds)
+    import shardstream
+    data = shardstream.StreamingDataset(local=mode[4:], batch_size=batch)
+    key = "data"
+else:
+    data, key = Samples(), "x"
+loader = DataLoader(data, batch_size=batch, num_workers=workers)
 t1, count, nbytes, bad, kinds = None, 0, 0, 0, set()
 for b in loader:
-    ids, xs = b["id"].numpy(), b["x"]
+    ids, xs = b["id"].numpy(), b[key]
     kinds.add(type(xs[0]).__name__)
     heads = np.frombuffer(b"".join([x[:8] for x in xs]), dtype="<i8")
     bad += int(np.count_nonzero(heads != ids)) + sum(len(x) != size for x in xs)
@@ -82,14 +92,35 @@ print(json.dumps({"samples": count, "seconds": dt, "mb_s": nbytes / dt / 1e6, "s
 """
 
 SIZES = {"1MB": (1_000_000, 1536), "10KB": (10_000, 64 * 1500)}
+MDS_SAMPLES = {"1MB": 960, "10KB": 64_000}  # about 1 GB and 640 MB: read warm, from the page cache
+
+
+def label(mode: str) -> str:
+    if "mds:" in mode:
+        return "pipe (mds)" if mode.startswith("arena-off") else "ring (mds)"
+    return mode
+
+
+def write_mds(path: str, size: int, n: int) -> None:
+    """`n` samples `{"id": i, "data": <size bytes>}` (the id, then half random, half zeros), in
+    64 MiB shards, written by shardstream's MDS writer unless `path` already holds them."""
+    if os.path.exists(os.path.join(path, "index.json")):
+        return
+    import shardstream
+
+    half = os.urandom(size // 2)
+    with shardstream.ShardWriter(path, {"id": "int", "data": "bytes"}, size_limit=1 << 26) as w:
+        for i in range(n):
+            w.write({"id": i, "data": i.to_bytes(8, "little") + half[8:] + bytes(size - size // 2)})
 
 
 def run(mode: str, size: int, n: int, batch: int, workers: int) -> dict:
     env = dict(os.environ)
     if "@" in mode:  # `shared@128MiB`: that ring size
         mode, env["SHARDSTREAM_WORKER_SAMPLE_ARENA"] = mode.split("@")
-    if mode == "arena-off":
+    if mode.startswith("arena-off"):
         env["SHARDSTREAM_WORKER_SAMPLE_ARENA"] = "0"
+        mode = mode[len("arena-off"):] or mode
     elif mode.endswith("-map"):
         env["_SHARDSTREAM_RING_READ"] = "map"
         mode = mode[:-4]
@@ -107,24 +138,34 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--mds", help="a folder for a local MDS dataset of --sizes' samples (written if "
+                    "missing): modes `pipe` and `ring` read it with StreamingDataset")
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
     for name in args.sizes.split(","):
         size, n = SIZES[name]
-        res: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
+        modes = args.modes.split(",")
+        if args.mds:
+            path = os.path.join(args.mds, name)
+            n = MDS_SAMPLES[name]
+            write_mds(path, size, n)
+            # `pipe`: the ring off (StreamingDataset then wraps nothing: the path before it).
+            modes = [("arena-off" if m == "pipe" else "") + f"mds:{path}" if m in ("pipe", "ring") else m
+                     for m in modes]
+        res: dict[str, list[dict]] = {m: [] for m in modes}
         for _ in range(args.reps):
             for m in res:  # alternating: A, B, C, A, B, C, ...
                 res[m].append(run(m, size, n, args.batch, args.workers))
         base = statistics.median(r["mb_s"] for r in res[next(iter(res))])
         for m, rs in res.items():
             mb = statistics.median(r["mb_s"] for r in rs)
-            row = {"size": name, "mode": m, "mb_s": round(mb, 1),
+            row = {"size": name, "mode": label(m), "mb_s": round(mb, 1),
                    "samples_s": round(statistics.median(r["samples_s"] for r in rs)),
                    "all_mb_s": [round(r["mb_s"], 1) for r in rs], "vs_first": round(mb / base, 2),
                    "kinds": rs[0]["kinds"], "ring": round(statistics.median(r["ring"] for r in rs), 2)}
             rows.append(row)
-            print(f"{name:>5} {m:<14} {row['mb_s']:8.1f} MB/s {row['samples_s']:8d} samples/s "
+            print(f"{name:>5} {label(m):<14} {row['mb_s']:8.1f} MB/s {row['samples_s']:8d} samples/s "
                   f"x{row['vs_first']:.2f}  ring {row['ring']:.2f}  runs {row['all_mb_s']}  main gets {row['kinds']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
