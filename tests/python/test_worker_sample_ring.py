@@ -62,24 +62,34 @@ def check(ds, **kw) -> list[int]:
 
 
 def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+    """shardstream's entries in /dev/shm (the rings are memfds: there should never be any; the
+    DataLoader's own `sem.mp-*` come and go with its queues)."""
+    return {name for name in os.listdir("/dev/shm") if "shardstream" in name}
 
 
 def ring_mappings() -> list[str]:
+    """This process's mappings and descriptors of a ring (it should keep none between values)."""
     with open("/proc/self/maps") as f:
-        return [line for line in f if "shardstream-samples" in line]
+        found = [line for line in f if "shardstream-samples" in line]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "shardstream-samples" in target:
+            found.append(target)
+    return found
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
 def test_values_arrive_through_the_ring_as_plain_bytes(big, stream_env, received, ctx):
-    before = shm_entries()
     ds = shardstream.StreamingDataset(local=str(big), shuffle=True, shuffle_seed=3, batch_size=8)
     mine = {s["id"]: s["pad"] for s in ds}  # the training process's own read, no workers
     assert all(v == pad_bytes(i, EXTRA) for i, v in mine.items())
     check(ds, multiprocessing_context=ctx, pin_memory=True)
     assert received[0] == N  # every `pad` through a ring, none through the pipe
     gc.collect()
-    assert shm_entries() == before
+    assert shm_entries() == set()
     assert ring_mappings() == []
 
 
@@ -163,3 +173,50 @@ def test_a_message_read_twice_is_refused(monkeypatch):
         if _transport._ring is not None:
             _transport._ring.close()
         _transport._ring, _transport._ring_pid = None, 0
+
+
+def test_ring_values_in_flight_never_overlap():
+    """The worker's placement, driven at random (values of 1 B to 3 MiB, the reader taking one
+    or several at a time): no value laid over one not yet read, none past the ring, and every
+    value read back as laid."""
+    import random
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        cap = rng.choice([1 << 16, 1 << 20, 5 << 20, 64 << 20])
+        ring = _transport._Ring(cap)
+        unread: list[tuple[int, int, int, int]] = []  # (end, at, n, byte)
+        try:
+            for _ in range(300):
+                if unread and rng.random() < 0.45:
+                    for _ in range(rng.randint(1, len(unread)) if rng.random() < 0.3 else 1):
+                        end, at, n, b = unread.pop(0)
+                        assert ring.map[at : at + n] == bytes([b]) * n, seed
+                        _transport._U64.pack_into(ring.map, 0, end)
+                n = rng.choice([1, 100, 4096, 65536, 300_000, 1 << 20, 3 << 20])
+                b = rng.randrange(256)
+                message = ring.put(bytes([b]) * n)
+                if message is None:
+                    continue
+                _, _, _, at, n, end = message
+                assert at + n <= _transport._HEADER + cap
+                assert all(at + n <= a or a + m <= at for _, a, m, _ in unread), seed
+                unread.append((end, at, n, b))
+        finally:
+            ring.close()
+
+
+def test_ring_grows_only_as_the_values_in_flight_need():
+    ring = _transport._Ring(256 << 20)
+    try:
+        value = b"\x07" * 100_000
+        for _ in range(500):  # two values in flight at a time: 200 KB
+            message = ring.put(value)
+            assert message is not None
+            if len(ring.flight) == 2:
+                _transport._U64.pack_into(ring.map, 0, ring.flight[0][0])
+        assert ring.size == 8 << 20
+        ends = [ring.put(b"\x01" * (1 << 20))[-1] for _ in range(40)]  # 40 MiB unread
+        assert all(ends) and ring.size == 64 << 20
+    finally:
+        ring.close()
