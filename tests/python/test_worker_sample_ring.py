@@ -117,6 +117,19 @@ def test_a_ring_too_small_falls_back_mid_epoch_and_stays_exact(big, stream_env, 
     assert 0 < received[0] < N
 
 
+def test_no_ring_where_it_cannot_be_made(big, stream_env, received, monkeypatch):
+    """A worker whose ring cannot be made (here: memfd refused) sends every value through the
+    pipe; nothing fails and nothing waits."""
+
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", refuse)  # inherited by the forked workers
+    ds = shardstream.StreamingDataset(local=str(big), shuffle=True, shuffle_seed=8, batch_size=8)
+    check(ds, multiprocessing_context="fork")
+    assert received[0] == 0
+
+
 def test_persistent_workers_keep_sharing(big, stream_env, received):
     """The ring's space comes back as the training process reads: epoch after epoch, every
     value goes through it, and the one ring per worker is all that is ever mapped."""

@@ -22,9 +22,11 @@ is too small, or has no ring (it could not be made, or this is not a worker) is 
 copying, that the ring was consumed past the value's end (the message unpickled twice, or read
 by a second process) raises instead of returning bytes that may have been overwritten.
 
-Memory: the ring is `SHARDSTREAM_WORKER_SAMPLE_ARENA` (default `DEFAULT_ARENA`) per worker that
-yields large values, made on the first one, its pages touched as it fills; it replaces the
-pickled copies the queue would hold in the worker and the pipe. docs/python.md has the figures.
+Memory: a worker that yields large values makes its ring on the first one; the ring starts at
+8 MiB and grows (doubling) only as the values in flight need, up to
+`SHARDSTREAM_WORKER_SAMPLE_ARENA` (default `DEFAULT_ARENA`): about the bytes of the batches the
+worker has queued, which its queue held before as objects waiting to be pickled. docs/python.md
+("Large sample values from DataLoader workers") has the figures.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from typing import Any
 # A value smaller than this goes through the pipe (a reducer call and opening the ring cost more
 # than copying it), as for the batch arena (pyo3-bindings/src/arena.rs).
 MIN_SHARED = 64 * 1024
-# The ring's default size, per worker. See docs/python.md ("Large sample values from workers").
+# The most a worker's ring grows to, by default (docs/python.md, "Large sample values from
+# DataLoader workers": 64 samples of up to 2 MB at `prefetch_factor=2`).
 DEFAULT_ARENA = 256 * 1024 * 1024
 # Header: consumed (u64, written by the reader), magic, token, capacity; data after a page.
 _HEADER = 4096
@@ -133,8 +136,8 @@ class _Ring:
 
 
 _ring: _Ring | None = None
-_ring_pid = 0  # the process whose ring `_ring` is (a forked child makes its own)
-_ring_failed = False
+_ring_pid = 0  # the process whose ring `_ring` is, or that found it could not make one
+_ring_lock = threading.Lock()
 
 
 def arena_size() -> int:
@@ -152,26 +155,29 @@ def arena_size() -> int:
 
 def _worker_ring() -> _Ring | None:
     """This worker's ring, made on first use; None where it cannot be (and then never again)."""
-    global _ring, _ring_pid, _ring_failed
+    global _ring, _ring_pid
     pid = os.getpid()
-    if _ring_pid == pid:
-        return _ring
-    _ring, _ring_pid, _ring_failed = None, pid, False
-    from ._world import in_dataloader_worker
+    with _ring_lock:
+        if _ring_pid == pid:
+            return _ring
+        _ring, _ring_pid = None, pid
+        from ._world import in_dataloader_worker
 
-    size = arena_size() if in_dataloader_worker() else 0
-    if size >= MIN_SHARED:
-        try:
-            _ring = _Ring(size)
-        except (OSError, ValueError):
-            _ring_failed = True
-    return _ring
+        if in_dataloader_worker() and arena_size() >= MIN_SHARED:
+            _ring = _Ring(arena_size())
+        return _ring
 
 
 def _reduce(value: SharedBytes) -> tuple:
-    ring = _ring if _ring_pid == os.getpid() else _worker_ring()
-    if ring is not None and len(value) >= MIN_SHARED:
-        message = ring.put(value)
+    """How `ForkingPickler` sends a `SharedBytes`: through the ring where there is one and room,
+    else as `bytes`. It never raises: it runs in the queue's feeder thread, where an exception
+    would lose the batch (the DataLoader would wait for it forever)."""
+    if len(value) >= MIN_SHARED:
+        try:
+            ring = _ring if _ring_pid == os.getpid() else _worker_ring()
+            message = ring.put(value) if ring is not None else None
+        except Exception:  # no ring (memfd refused, a bad size, ...): the pipe
+            message = None
         if message is not None:
             return _rebuild, message
     return bytes, (bytes(value),)
@@ -218,7 +224,10 @@ def _read(pid: int, fd: int, token: int, at: int, n: int, end: int) -> bytes:
             "set SHARDSTREAM_WORKER_SAMPLE_ARENA=0 to send samples through the pipe"
         ) from e
     try:
-        header = mmap.mmap(own, _HEADER)
+        try:
+            header = mmap.mmap(own, _HEADER)
+        except (OSError, ValueError) as e:
+            raise _not_ours(path) from e
         try:
             _, magic, got, _ = _FIXED.unpack_from(header, 0)
             if magic != _MAGIC or got != token:
@@ -240,10 +249,11 @@ def _read(pid: int, fd: int, token: int, at: int, n: int, end: int) -> bytes:
 def _forget_after_fork() -> None:
     """A child forked in a worker drops the worker's ring (it makes its own if it needs one): the
     mapping and descriptor it inherited would keep the ring's memory after the worker exits."""
-    global _ring, _ring_pid
+    global _ring, _ring_pid, _ring_lock
     if _ring is not None:
         _ring.close()
     _ring, _ring_pid = None, 0
+    _ring_lock = threading.Lock()  # (the fork may have happened while a thread held it)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
