@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from shardstream import _native
+from shardstream import _native, _transport
 from shardstream._epochs import EpochRecords
 from shardstream._groups import BatchGroup, approx_bytes, batches_per_group, grouping_in_this_process
 from shardstream._mosaic import MosaicParity, patch_mosaic_loader
@@ -762,6 +762,17 @@ class StreamingDataset(MosaicParity, _Base):  # type: ignore[misc,valid-type]
                     finally:
                         self._current = None
                     yield item
+        elif in_dataloader_worker() and _transport.arena_size():
+            # In a DataLoader worker, large `bytes` values cross to the training process
+            # through the worker's shared ring (`_transport`; docs/python.md).
+            share = _transport.share
+            while True:
+                samples = stream.next_samples(batch)
+                if not samples:
+                    break
+                for sample in samples:
+                    self._yielded += 1
+                    yield share(sample)
         else:
             while True:
                 samples = stream.next_samples(batch)
