@@ -140,10 +140,17 @@ _ring_pid = 0  # the process whose ring `_ring` is, or that found it could not m
 _ring_lock = threading.Lock()
 
 
+def worker_shm_enabled() -> bool:
+    """Whether DataLoader workers may hand data to the training process through shared memory
+    (`SHARDSTREAM_WORKER_SHM`, on unless `0`/`false`/`no`/`off`): the batch arena's column
+    batches and this module's ring."""
+    return os.environ.get("SHARDSTREAM_WORKER_SHM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def arena_size() -> int:
     """The ring size `SHARDSTREAM_WORKER_SAMPLE_ARENA` asks for (0: off; also off with
     `SHARDSTREAM_WORKER_SHM=0`)."""
-    if os.environ.get("SHARDSTREAM_WORKER_SHM", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not worker_shm_enabled():
         return 0
     text = os.environ.get("SHARDSTREAM_WORKER_SAMPLE_ARENA")
     if text is None or not text.strip():

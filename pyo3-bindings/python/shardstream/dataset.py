@@ -857,7 +857,7 @@ class StreamingDataset(MosaicParity, _Base):  # type: ignore[misc,valid-type]
         self._yielded = 0
         # In a DataLoader worker, variable columns cross to the main process through shared
         # memory (see `_reduce_buffer`).
-        shared = in_dataloader_worker() and _worker_shm_enabled()
+        shared = in_dataloader_worker() and _transport.worker_shm_enabled()
         if shared:
             _share_buffers_in_this_worker()
         try:
@@ -958,10 +958,6 @@ def _plan(
                           batch_size=batch_size)
     rank = _native.Rank(node=p.node, local_process=p.local_process, worker=worker)
     return _native.Plan(order=order, epoch=epoch, world=world, rank=rank, start=start)
-
-
-def _worker_shm_enabled() -> bool:
-    return os.environ.get("SHARDSTREAM_WORKER_SHM", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _reduce_buffer(buf: Buffer) -> tuple:
