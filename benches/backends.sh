@@ -4,8 +4,10 @@
 # each on 127.0.0.1, the median of 3 runs, on two datasets: 29 MB (3,000 samples of 10 KB in 1 MiB
 # shards), whose ~0.1 s epoch is mostly start-up, and 256 MB (100 KB samples in 16 MiB shards;
 # SHARDSTREAM_COLD_BENCH_MB sets it, 0 skips it) where the steady state shows;
-# SHARDSTREAM_COLD_BENCH_SERVERS=moto,s3s-fs picks servers. Then checkpoint save and load ÷ raw
-# PUT and GET, per server. Prints Markdown tables.
+# SHARDSTREAM_COLD_BENCH_SERVERS=moto,s3s-fs picks servers; SHARDSTREAM_COLD_BENCH_CACHE=/dev/shm
+# puts the node cache on another file system (what the cache disk's writes and fsyncs cost).
+# Beside each ratio: the client's CPU seconds in each, and the stream's end wait for its last
+# commits. Then checkpoint save and load ÷ raw PUT and GET, per server. Prints Markdown tables.
 # The servers come from scripts/setup-servers.sh.
 #
 #     bash benches/backends.sh

@@ -223,8 +223,11 @@ fn throughput_cold_epoch_vs_raw_get() {
 
 fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
     let runs = 3;
-    println!("| server | raw parallel GET MB/s | cold epoch MB/s | ratio |");
-    println!("|---|---|---|---|");
+    // Beside the ratio: this process's CPU seconds in each (the server has the rest of the
+    // machine's cores), and how long the stream's end waited for its last downloads to be
+    // committed (fsync, rename) after the last sample.
+    println!("| server | raw parallel GET MB/s | cold epoch MB/s | ratio | client CPU s: GET / cold | end wait ms |");
+    println!("|---|---|---|---|---|---|");
     for kind in ServerKind::ALL {
         if only.is_some_and(|o| !o.split(',').any(|n| n == kind.name())) {
             continue;
@@ -243,9 +246,10 @@ fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
                 .map(|o| (o.key, o.size))
                 .collect();
         let total: u64 = shards.iter().map(|(_, n)| n).sum();
-        let mut raw = Vec::new();
-        let mut cold = Vec::new();
+        let (mut raw, mut cold) = (Vec::new(), Vec::new());
+        let (mut raw_cpu, mut cold_cpu, mut end_wait) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
+            let cpu = process_cpu_seconds();
             let start = Instant::now();
             s.rt.block_on(async {
                 use futures::StreamExt;
@@ -256,8 +260,14 @@ fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
                 assert!(gets.iter().all(|g| g.is_ok()));
             });
             raw.push(total as f64 / start.elapsed().as_secs_f64() / 1e6);
+            raw_cpu.push(process_cpu_seconds() - cpu);
 
-            let cache = tempfile::tempdir().unwrap();
+            // The node cache's folder: `SHARDSTREAM_COLD_BENCH_CACHE` puts it on another file
+            // system (e.g. a tmpfs, to see what the cache disk's writes and fsyncs cost).
+            let cache = match std::env::var_os("SHARDSTREAM_COLD_BENCH_CACHE") {
+                Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+                None => tempfile::tempdir().unwrap(),
+            };
             let ds = StreamingDataset::open_at(
                 StreamingConfig {
                     memory_limit: None,
@@ -266,6 +276,7 @@ fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
                 s.server.open(&url).unwrap(),
             )
             .unwrap();
+            let cpu = process_cpu_seconds();
             let start = Instant::now();
             let plan = StreamPlan::single_process(
                 OrderConfig {
@@ -276,18 +287,47 @@ fn cold_epoch_vs_raw_get(spec: &Spec, only: Option<&str>) {
                 0,
             );
             let mut n = 0u64;
+            let mut last = start;
             for item in ds.stream(plan).unwrap() {
                 item.unwrap();
                 n += 1;
+                last = Instant::now();
             }
             assert_eq!(n, spec.samples);
             cold.push(total as f64 / start.elapsed().as_secs_f64() / 1e6);
+            cold_cpu.push(process_cpu_seconds() - cpu);
+            end_wait.push((start.elapsed() - (last - start)).as_secs_f64() * 1e3);
         }
         let median = |v: &mut Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
             v[v.len() / 2]
         };
         let (r, c) = (median(&mut raw), median(&mut cold));
-        println!("| {} | {r:.0} | {c:.0} | {:.2} |", kind.name(), c / r);
+        let (rc, cc) = (median(&mut raw_cpu), median(&mut cold_cpu));
+        let wait = median(&mut end_wait);
+        println!(
+            "| {} | {r:.0} | {c:.0} | {:.2} | {rc:.2} / {cc:.2} | {wait:.0} |",
+            kind.name(),
+            c / r
+        );
     }
+}
+
+/// This process's user + system CPU seconds (`/proc/self/stat`, in the kernel's 100 Hz ticks).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
