@@ -50,8 +50,9 @@ impl Uploader {
 /// [`FileWriter::write`], [`FileWriter::write_bytes`] or [`FileWriter::write_from`], then call
 /// [`FileWriter::finish`] for its [`FileRecord`].
 ///
-/// Each open writer holds at most one partly filled part buffer, so when one task writes to
-/// several writers in turn, the byte budget must hold one part per open writer.
+/// Each open writer holds at most one partly filled part buffer (for a file planned as one PUT,
+/// the whole file), so when one task writes to several writers in turn, the byte budget must
+/// hold one such buffer per open writer.
 #[derive(Debug)]
 pub struct FileWriter {
     up: Arc<Uploader>,
