@@ -24,12 +24,24 @@ pub const S3_MAX_PARTS: u64 = 10_000;
 pub const S3_PUT_RATE_PER_PREFIX: f64 = 3_500.0;
 /// S3's GET rate per partitioned prefix.
 pub const S3_GET_RATE_PER_PREFIX: f64 = 5_500.0;
+/// Default [`UploadConfig::single_put_max`]: two default parts and room for the framing a
+/// caller adds around them (a 128 MiB tensor with its `torch.save` headers is one PUT).
+pub const DEFAULT_SINGLE_PUT_MAX: u64 = 136 * MIB;
 
 /// How one process uploads its files.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UploadConfig {
-    /// Files larger than this go up in parts of this size; smaller ones in a single PUT.
+    /// Files larger than this go up in parts of this size; smaller ones in a single PUT (but see
+    /// [`UploadConfig::single_put_max`] for files whose size is known up front).
     pub part_size: u64,
+    /// A file whose size is given up front ([`crate::FileWriter::with_expected_size`]) and is
+    /// at most this (and at most `memory_budget`) goes up in one PUT, not as a multipart upload:
+    /// one request instead of create + parts + complete, no completion round trip at the end
+    /// (on some stores a server-side copy of the whole object), and nothing to abort if the
+    /// process dies. The price is one connection per file instead of one per part and a whole
+    /// file to resend on a retry, both small at this size when a rank uploads several files at
+    /// once. At most 5 GiB (S3's largest PUT); 0 turns it off.
+    pub single_put_max: u64,
     /// Host memory, in bytes, that part buffers in flight (filling or uploading) may hold.
     pub memory_budget: u64,
     /// Most part/PUT requests in flight at once.
@@ -48,6 +60,7 @@ impl Default for UploadConfig {
             max_concurrent_requests: 16,
             max_concurrent_files: 4,
             max_requests_per_second: None,
+            single_put_max: DEFAULT_SINGLE_PUT_MAX,
         }
     }
 }
@@ -69,6 +82,12 @@ impl UploadConfig {
                 self.memory_budget, self.part_size
             ));
         }
+        if self.single_put_max > S3_MAX_PART_SIZE {
+            return bad(format!(
+                "single_put_max {} is larger than S3's largest PUT (5 GiB)",
+                self.single_put_max
+            ));
+        }
         if self.max_concurrent_requests == 0 || self.max_concurrent_files == 0 {
             return bad("concurrency limits must be at least 1".into());
         }
@@ -80,6 +99,11 @@ impl UploadConfig {
             }
         }
         Ok(())
+    }
+
+    /// The largest file of known size that goes up in one PUT: its buffer must fit the budget.
+    pub fn effective_single_put_max(&self) -> u64 {
+        self.single_put_max.min(self.memory_budget)
     }
 
     /// How many part buffers the budget holds at once.
@@ -163,6 +187,7 @@ impl RatePlan {
             max_concurrent_requests: usize::try_from(buffers).unwrap_or(usize::MAX).min(16),
             max_concurrent_files: 4,
             max_requests_per_second: Some(self.per_rank_rate()),
+            single_put_max: DEFAULT_SINGLE_PUT_MAX,
         }
     }
 }

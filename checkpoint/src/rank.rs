@@ -84,6 +84,7 @@ impl RankWriter {
         let up = Uploader {
             store: root.store().clone(),
             part_size: config.part_size,
+            single_put_max: config.effective_single_put_max(),
             budget: ByteBudget::new(config.memory_budget),
             requests: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             limiter: config.max_requests_per_second.map(RateLimiter::new),
@@ -117,9 +118,11 @@ impl RankWriter {
         Ok(FileWriter::new(self.up.clone(), path, rel, Some(self.rank)))
     }
 
-    /// Uploads in-memory bytes as file `name`.
+    /// Uploads in-memory bytes as file `name` (its size is known, so it is planned: see
+    /// [`FileWriter::with_expected_size`]).
     pub async fn upload_bytes(&self, name: &str, data: Bytes) -> Result<FileRecord> {
-        let mut w = self.create(name)?;
+        let size = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        let mut w = self.create(name)?.with_expected_size(size)?;
         let span = info_span!("checkpoint.upload", path = %w.path(), size = data.len());
         async move {
             w.write_bytes(data).await?;

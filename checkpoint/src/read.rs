@@ -41,9 +41,10 @@ impl Default for ReadConfig {
             // 16 MiB: large enough for full-speed GETs, small enough that one file is read
             // by several requests (or threads, for a local directory) at once.
             chunk_size: 16 << 20,
-            // The default part size (64 MiB) and room for the slack a single-PUT file may
-            // have over it: what went up as one PUT comes back as one GET.
-            whole_part_max: 80 << 20,
+            // The largest default single PUT (a planned file, see `UploadConfig::
+            // single_put_max`; parts are at most 64 MiB): what went up as one PUT comes back as
+            // one GET.
+            whole_part_max: crate::config::DEFAULT_SINGLE_PUT_MAX,
             max_concurrent_requests: 16,
             max_concurrent_files: 8,
             verify_chunk_size: 16 << 20,

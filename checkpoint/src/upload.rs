@@ -2,6 +2,8 @@
 //! full part is sent in the background while the next one fills. A file no larger than one part
 //! goes up in a single PUT; a larger one as a multipart upload that is aborted on any error (or
 //! when the writer is dropped unfinished), so no committed name ever points at a partial object.
+//! A writer told the file's size up front ([`FileWriter::with_expected_size`]) plans it: one PUT
+//! up to [`crate::UploadConfig::single_put_max`], else parts of even size (no small last part).
 
 use crate::budget::{BudgetPermit, ByteBudget, RateLimiter};
 use crate::checksum::{combine_parts, Crc32c};
@@ -22,6 +24,8 @@ use tracing::{debug, warn};
 pub(crate) struct Uploader {
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) part_size: u64,
+    /// [`crate::UploadConfig::effective_single_put_max`].
+    pub(crate) single_put_max: u64,
     pub(crate) budget: ByteBudget,
     pub(crate) requests: Arc<Semaphore>,
     pub(crate) limiter: Option<RateLimiter>,
@@ -46,8 +50,9 @@ impl Uploader {
 /// [`FileWriter::write`], [`FileWriter::write_bytes`] or [`FileWriter::write_from`], then call
 /// [`FileWriter::finish`] for its [`FileRecord`].
 ///
-/// Each open writer holds at most one partly filled part buffer, so when one task writes to
-/// several writers in turn, the byte budget must hold one part per open writer.
+/// Each open writer holds at most one partly filled part buffer (for a file planned as one PUT,
+/// the whole file), so when one task writes to several writers in turn, the byte budget must
+/// hold one such buffer per open writer.
 #[derive(Debug)]
 pub struct FileWriter {
     up: Arc<Uploader>,
@@ -108,6 +113,16 @@ impl FileWriter {
         }
         self.part_size = part_size;
         Ok(self)
+    }
+
+    /// Plans the upload of a file of about `size` bytes (before anything is written): up to the
+    /// single-PUT bound ([`crate::UploadConfig::single_put_max`], within the budget) it goes up
+    /// in one PUT, beyond it in parts of even size. `size` should not be an underestimate: bytes
+    /// past it still upload correctly, but as one more part (or a multipart upload instead of
+    /// the single PUT).
+    pub fn with_expected_size(self, size: u64) -> Result<Self> {
+        let part = planned_part_size(size, self.up.part_size, self.up.single_put_max);
+        self.with_part_size(part)
     }
 
     /// The object this writer creates.
@@ -372,6 +387,31 @@ impl Drop for FileWriter {
     }
 }
 
+/// The part size for a file of `size` bytes, with the rank's `part_size` and single-PUT bound:
+/// - at most `part_size`: `part_size` (one PUT, as without a plan);
+/// - at most `single_put_max`: `size`, so the whole file is one part, i.e. one PUT;
+/// - larger: `n = ceil(size / part_size)` parts of `ceil(size / n)` bytes (never above
+///   `part_size`), so a file just over a multiple of the part size, such as a part-sized tensor
+///   with its framing, has no tiny last part; never below S3's 5 MiB minimum part unless
+///   `part_size` itself is below it.
+pub(crate) fn planned_part_size(size: u64, part_size: u64, single_put_max: u64) -> u64 {
+    let part_size = part_size.max(1);
+    if size <= part_size {
+        return part_size;
+    }
+    if size <= single_put_max {
+        return size;
+    }
+    let n = size.div_ceil(part_size);
+    // ceil(size / n) is above part_size / 2; S3 wants 5 MiB of every part but the last.
+    let floor = if part_size >= crate::config::S3_MIN_PART_SIZE {
+        crate::config::S3_MIN_PART_SIZE
+    } else {
+        1024
+    };
+    size.div_ceil(n).max(floor).min(part_size)
+}
+
 fn flatten(joined: Result<Result<()>, tokio::task::JoinError>, path: &Path) -> Result<()> {
     match joined {
         Ok(r) => r,
@@ -385,9 +425,11 @@ fn flatten(joined: Result<Result<()>, tokio::task::JoinError>, path: &Path) -> R
 
 #[cfg(test)]
 mod tests {
+    use super::planned_part_size;
+    use crate::config::MIB;
     use crate::{CheckpointRoot, UploadConfig};
     use bytes::Bytes;
-    use object_store::{memory::InMemory, path::Path};
+    use object_store::{memory::InMemory, path::Path, ObjectStoreExt};
     use std::sync::Arc;
 
     #[tokio::test]
@@ -415,5 +457,87 @@ mod tests {
         started.write(b"x").await.unwrap();
         assert!(started.with_part_size(2048).is_err());
         assert!(w.create("d").unwrap().with_part_size(10).is_err());
+    }
+
+    #[test]
+    fn the_plan_puts_up_to_the_bound_in_one_put_and_splits_the_rest_evenly() {
+        let (part, put_max) = (64 * MIB, 136 * MIB);
+        // Up to a part: unchanged (one PUT as ever).
+        assert_eq!(planned_part_size(0, part, put_max), part);
+        assert_eq!(planned_part_size(part, part, put_max), part);
+        // A 128 MiB tensor with its framing: one PUT, not 64 + 64 MiB + a tiny part.
+        let tensor = 128 * MIB + 1500;
+        assert_eq!(planned_part_size(tensor, part, put_max), tensor);
+        assert_eq!(planned_part_size(put_max, part, put_max), put_max);
+        // Past the bound: even parts, none tiny, none above the part size.
+        let big = 256 * MIB + 1500;
+        let p = planned_part_size(big, part, put_max);
+        assert_eq!(big.div_ceil(p), 5);
+        assert!(p <= part && big - 4 * p >= p - 4, "{p}");
+        // Turned off (or a budget smaller than the file): the even split.
+        assert_eq!(planned_part_size(tensor, part, 0), tensor.div_ceil(3));
+        // Never below S3's minimum part (a small part size keeps its own).
+        assert_eq!(planned_part_size(8 * MIB + 1, 8 * MIB, 0), 5 * MIB);
+        assert_eq!(planned_part_size(4097, 4096, 0), 2049);
+        let p = planned_part_size(u64::MAX, part, put_max);
+        assert!((5 * MIB..=part).contains(&p), "{p}");
+    }
+
+    #[tokio::test]
+    async fn an_expected_size_makes_one_put_within_the_budget_and_even_parts_beyond() {
+        let root = CheckpointRoot::new(Arc::new(InMemory::new()), Path::from("r"));
+        let attempt = root.begin_save("step_1").await.unwrap();
+        let config = UploadConfig {
+            part_size: 2048,
+            memory_budget: 8192,
+            single_put_max: 5000,
+            ..Default::default()
+        };
+        let w = root.rank_writer(&attempt, 0, &config).unwrap();
+        let data = Bytes::from((0..3100u32).map(|i| i as u8).collect::<Vec<u8>>());
+
+        // Unplanned: 2048 + 1052.
+        let mut plain = w.create("a").unwrap();
+        plain.write_bytes(data.clone()).await.unwrap();
+        let rec = plain.finish().await.unwrap();
+        assert_eq!((rec.parts.len(), rec.part_size), (2, 2048));
+
+        // Planned, within the bound: one PUT.
+        let rec = w.upload_bytes("b", data.clone()).await.unwrap();
+        assert!(rec.parts.is_empty() && rec.size == 3100, "{rec:?}");
+
+        // Past the bound: four even parts of 1750 bytes, not 3 x 2048 + 856.
+        let mut even = w.create("c").unwrap().with_expected_size(7000).unwrap();
+        even.write(&[3u8; 7000]).await.unwrap();
+        let rec = even.finish().await.unwrap();
+        assert_eq!((rec.parts.len(), rec.part_size), (4, 1750));
+
+        // An estimate that falls short still uploads every byte (as a second part).
+        let mut short = w.create("d").unwrap().with_expected_size(3000).unwrap();
+        let path = short.path().clone();
+        short.write(&data).await.unwrap();
+        let rec = short.finish().await.unwrap();
+        assert_eq!((rec.size, rec.parts.len(), rec.part_size), (3100, 2, 3000));
+        let got = root
+            .store()
+            .get(&path)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(got, data);
+
+        // A budget smaller than the bound caps it.
+        let small = UploadConfig {
+            memory_budget: 4096,
+            ..config
+        };
+        let w = root.rank_writer(&attempt, 1, &small).unwrap();
+        let rec = w
+            .upload_bytes("e", Bytes::from(vec![1u8; 4500]))
+            .await
+            .unwrap();
+        assert_eq!((rec.parts.len(), rec.part_size), (3, 1500));
     }
 }

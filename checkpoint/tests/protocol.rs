@@ -500,6 +500,7 @@ async fn part_memory_stays_within_budget() {
             max_concurrent_requests: 64,
             max_concurrent_files: 8,
             max_requests_per_second: None,
+            single_put_max: 0,
         };
         let w = root.rank_writer(&attempt, 0, &config).unwrap();
         let files = (0..6).map(|k| (format!("f{k}"), UploadSource::Bytes(data(k, 4096 * 10))));

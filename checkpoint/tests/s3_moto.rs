@@ -20,6 +20,8 @@ fn config() -> UploadConfig {
     UploadConfig {
         part_size: 5 * MIB as u64,
         memory_budget: 20 * MIB as u64,
+        // Files of a few MiB stand in for large ones here: keep them multipart.
+        single_put_max: 0,
         ..Default::default()
     }
 }

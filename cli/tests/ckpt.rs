@@ -27,6 +27,8 @@ async fn populate(root: &CheckpointRoot, steps: &[u64]) {
     let config = UploadConfig {
         part_size: 5 << 20,
         memory_budget: 16 << 20,
+        // Multipart, as real files of this layout would be (a 6 MiB file is one PUT otherwise).
+        single_put_max: 0,
         ..Default::default()
     };
     for &step in steps {

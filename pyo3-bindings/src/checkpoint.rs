@@ -161,14 +161,16 @@ impl CheckpointStore {
             part_size,
             memory_budget,
             max_concurrent_requests,
+            None,
         )?
-        .create(name, None)
+        .create(name, None, None)
     }
 
     /// The writer of `rank`'s files in attempt `attempt` of checkpoint `id`: every file it
     /// creates shares one buffer budget and one request cap, so several files can upload at
     /// once (`RankFileWriter.start_finish`) while host memory stays within `memory_budget`.
-    #[pyo3(signature = (id, attempt, rank, part_size=None, memory_budget=None, max_concurrent_requests=None))]
+    #[pyo3(signature = (id, attempt, rank, part_size=None, memory_budget=None, max_concurrent_requests=None, single_put_max=None))]
+    #[allow(clippy::too_many_arguments)] // the Python keyword arguments, one each
     fn rank_writer(
         &self,
         id: &str,
@@ -177,6 +179,7 @@ impl CheckpointStore {
         part_size: Option<u64>,
         memory_budget: Option<u64>,
         max_concurrent_requests: Option<usize>,
+        single_put_max: Option<u64>,
     ) -> PyResult<CheckpointRankWriter> {
         let mut config = UploadConfig::default();
         if let Some(p) = part_size {
@@ -188,6 +191,9 @@ impl CheckpointStore {
         }
         if let Some(c) = max_concurrent_requests {
             config.max_concurrent_requests = c;
+        }
+        if let Some(m) = single_put_max {
+            config.single_put_max = m;
         }
         let attempt = SaveAttempt::new(id, attempt).map_err(to_py)?;
         let writer = self
@@ -320,11 +326,20 @@ pub struct CheckpointRankWriter {
 
 #[pymethods]
 impl CheckpointRankWriter {
-    /// Starts file `name` (relative to the attempt directory); `part_size` overrides the
-    /// rank's for this file (one a little larger than a part then goes up in one PUT).
-    #[pyo3(signature = (name, part_size=None))]
-    fn create(&self, name: &str, part_size: Option<u64>) -> PyResult<RankFileWriter> {
+    /// Starts file `name` (relative to the attempt directory). `size`, the file's expected size
+    /// (an upper bound), plans its upload: one PUT up to the single-PUT bound, else even parts.
+    /// `part_size` overrides the rank's for this file instead.
+    #[pyo3(signature = (name, part_size=None, size=None))]
+    fn create(
+        &self,
+        name: &str,
+        part_size: Option<u64>,
+        size: Option<u64>,
+    ) -> PyResult<RankFileWriter> {
         let mut file = self.writer.create(name).map_err(to_py)?;
+        if let Some(n) = size {
+            file = file.with_expected_size(n).map_err(to_py)?;
+        }
         if let Some(p) = part_size {
             file = file.with_part_size(p).map_err(to_py)?;
         }

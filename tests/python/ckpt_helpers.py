@@ -246,7 +246,8 @@ def _writer(args, rank: int):
             finally:
                 ck._store = orig_store
 
-    return PausingWriter(args.url, part_size=args.part_size)
+    # Files over a part go up as multipart uploads (not one PUT) so that mid-upload is inside one.
+    return PausingWriter(args.url, part_size=args.part_size, single_put_max=0)
 
 
 class _PauseBeforeCommit:

@@ -229,6 +229,30 @@ def test_part_sized_tensor_goes_up_in_one_put(tmp_path):
     assert torch.equal(loaded["w"], state["w"])
 
 
+@pytest.mark.parametrize("mib,parts", [(2, 0), (4, 5)])
+def test_a_file_is_one_put_up_to_single_put_max_and_even_parts_beyond(tmp_path, mib, parts):
+    """1 MiB parts, single_put_max 3 MiB: a 2 MiB tensor's file (framing included) is one PUT;
+    a 4 MiB one is five even parts, not four of 1 MiB and a tiny one of framing."""
+    from shardstream._native import CheckpointStore
+
+    import json
+
+    state = {"w": torch.randn(mib * MIB // 4)}
+    url = tmp_path / "step_1"
+    writer = StorageWriter(url, part_size=MIB, single_put_max=3 * MIB)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    files = json.loads(CheckpointStore(str(tmp_path)).open("step_1").manifest_json())["files"]
+    [data] = [f for f in files if f["path"].endswith(".distcp")]
+    assert len(data.get("parts", [])) == parts, data
+    if parts:
+        assert data["part_size"] * (parts - 1) < data["size"] <= data["part_size"] * parts, data
+        assert data["size"] - data["part_size"] * (parts - 1) > data["part_size"] // 2, data
+    loaded = {"w": torch.zeros_like(state["w"])}
+    dcp.load(loaded, storage_reader=StorageReader(url), no_dist=True)
+    assert torch.equal(loaded["w"], state["w"])
+    assert verify(url)["failures"] == []
+
+
 def test_ours_loads_with_torch_filesystem_reader(tmp_path):
     state = _small_state()
     dcp.save(state, storage_writer=StorageWriter(tmp_path / "step_3"), no_dist=True)

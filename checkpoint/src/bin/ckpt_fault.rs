@@ -143,6 +143,8 @@ async fn run(
     let config = UploadConfig {
         part_size: args.part_size,
         memory_budget: args.part_size * 4,
+        // The pause points are in the multipart path: files over a part go up in parts.
+        single_put_max: 0,
         ..UploadConfig::default()
     };
     let mut ranks = Vec::new();

@@ -67,6 +67,8 @@ pub fn small_parts() -> UploadConfig {
         max_concurrent_requests: 4,
         max_concurrent_files: 2,
         max_requests_per_second: None,
+        // Multipart paths are what these small parts are for, even for files of known size.
+        single_put_max: 0,
     }
 }
 

@@ -137,11 +137,9 @@ def _cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-#: Bytes ``torch.save`` adds around a tensor's data (zip headers, pickle), for packing: an
-#: upper bound (about 1.5 KiB in practice).
+#: Bytes ``torch.save`` adds around a tensor's data (zip headers, pickle), for packing and for
+#: the size a file is planned with: an upper bound (about 1.5 KiB in practice).
 _ITEM_OVERHEAD = 4096
-#: How far past the part size a file may grow and still go up in one PUT.
-_PART_SLACK = 1 << 20
 
 
 def _item_nbytes(item: WriteItem) -> int:
@@ -213,10 +211,14 @@ class StorageWriter(_DcpWriter):
         files_per_rank: the fewest data files per rank (items are balanced over them by size).
         file_size: bytes of items per data file (default: the part size). A rank's items are
             packed into files of about this size, each uploaded in one PUT while the next one
-            fills; an item larger than this gets a file of its own (a multipart upload).
+            fills; an item larger than this gets a file of its own (one PUT up to
+            ``single_put_max``, else a multipart upload in even parts).
         part_size / memory_budget / max_concurrent_requests: upload settings (bytes, bytes,
             requests); ``None`` keeps the core's defaults (64 MiB, 512 MiB, 16). Every file
             of a rank shares the one memory budget.
+        single_put_max: bytes up to which a data file goes up in one PUT rather than as a
+            multipart upload (``None``: the core's 136 MiB, within the memory budget; 0: only
+            files no larger than a part).
         step: training step recorded in the manifest (default: the id's trailing digits).
         metadata: JSON-serialisable dict stored in the manifest.
         storage_options: endpoint, region, credentials and client options for this checkpoint
@@ -233,6 +235,7 @@ class StorageWriter(_DcpWriter):
         part_size: int | None = None,
         memory_budget: int | None = None,
         max_concurrent_requests: int | None = None,
+        single_put_max: int | None = None,
         step: int | None = None,
         metadata: dict | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -246,6 +249,7 @@ class StorageWriter(_DcpWriter):
             "part_size": part_size,
             "memory_budget": memory_budget,
             "max_concurrent_requests": max_concurrent_requests,
+            "single_put_max": single_put_max,
         }
         self.step = step
         self.user_metadata = dict(metadata or {})
@@ -308,11 +312,10 @@ class StorageWriter(_DcpWriter):
             for k, items in enumerate(_pack_items(plan.items, self.files_per_rank, target)):
                 name = f"{prefix}{k}.distcp"
                 rel = f"{attempt}/{name}"
-                # A file of one part-sized tensor is a little over a part with its torch.save
-                # framing: give it room for that, so it goes up in one PUT, not two parts.
-                est = sum(_item_nbytes(i) for i in items)
-                fits = writer.part_size < est <= writer.part_size + _PART_SLACK
-                f = writer.create(name, part_size=est if fits else None)
+                # The file's size (an upper bound) plans its upload: a file of one large tensor
+                # (128 MiB and its torch.save framing, by default) goes up in one PUT rather
+                # than as a multipart upload, and a larger one in even parts, none tiny.
+                f = writer.create(name, size=sum(_item_nbytes(i) for i in items))
                 offset = 0
                 # Byte items first, then tensors, as FileSystemWriter orders them.
                 for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
