@@ -214,6 +214,11 @@ def main() -> int:
         for p in profiles:
             for f in datasets.WRITERS:
                 datasets.upload(s3, "bench", dirs[p.name][f], f"{f}/{p.name}")
+        # The upload left the server's copy (s3s-fs's folder, moto's spooled objects) as dirty
+        # pages: write them out now, so that their writeback does not fall into the first rows.
+        t_sync = time.monotonic()
+        os.sync()
+        log(f"upload flushed to disk in {time.monotonic() - t_sync:.1f} s")
         ctx = streambench.Ctx(work=work, python=python, server=server, profiles=profiles, dirs=dirs, runs=runs,
                             timeout=timeout, batch_size=64 if not args.smoke else 16, shardstream_bin=bin_path,
                             shardstream_bin_note=bin_note, smoke=args.smoke)
