@@ -106,6 +106,14 @@ impl UploadConfig {
         self.single_put_max.min(self.memory_budget)
     }
 
+    /// The part size a file of `size` bytes, known up front, is uploaded with
+    /// ([`crate::FileWriter::with_expected_size`]): `size` itself (one PUT) up to the single-PUT
+    /// bound, else even parts of at most `part_size`. The one rule, for callers that model an
+    /// upload without making it (the scale simulator).
+    pub fn planned_part_size(&self, size: u64) -> u64 {
+        crate::upload::planned_part_size(size, self.part_size, self.effective_single_put_max())
+    }
+
     /// How many part buffers the budget holds at once.
     pub fn buffers_in_budget(&self) -> u64 {
         self.memory_budget / self.part_size.max(1)

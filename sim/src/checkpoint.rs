@@ -68,7 +68,9 @@ pub fn model_checkpoint(config: &SimConfig) -> Result<CheckpointReport> {
     } else {
         UploadConfig::default()
     };
-    let part = upload.part_size.max(1);
+    // As the writer plans a file of known size: one PUT up to the single-PUT bound, else even
+    // parts.
+    let part = upload.planned_part_size(file_bytes).max(1);
     let parts = file_bytes.div_ceil(part).max(1);
     let per_file = if parts > 1 { parts + 2 } else { 1 };
     let files = mul(ranks, u64::from(k.files_per_rank), "files")?.saturating_add(1);
@@ -176,4 +178,43 @@ fn manifest_of(
         aliases: Vec::new(),
         metadata: serde_json::Map::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_checkpoint;
+    use crate::config::{Checkpoint, Cluster, SimConfig};
+
+    const MIB: u64 = 1 << 20;
+
+    fn shape(bytes_per_rank: u64, files_per_rank: u32) -> SimConfig {
+        SimConfig {
+            cluster: Cluster {
+                nodes: 2,
+                ranks_per_node: 4,
+                ..Cluster::default()
+            },
+            checkpoint: Checkpoint {
+                bytes_per_rank,
+                files_per_rank,
+                rate_plan: false,
+            },
+            ..SimConfig::default()
+        }
+    }
+
+    #[test]
+    fn files_are_modelled_as_the_writer_plans_them() {
+        // 128 MiB files (a tensor each): one PUT per file, as the writer sends them.
+        let r = model_checkpoint(&shape(1024 * MIB, 8)).unwrap();
+        assert_eq!((r.parts_per_file, r.files), (1, 8 * 8 + 1));
+        assert_eq!(r.upload_puts, r.files);
+        // 10 GiB in one file: 160 even parts of 64 MiB, create + parts + complete.
+        let r = model_checkpoint(&shape(10 * 1024 * MIB, 1)).unwrap();
+        assert_eq!((r.part_size, r.parts_per_file), (64 * MIB, 160));
+        assert_eq!(r.upload_puts, 8 * 162 + 1);
+        // 200 MiB: past the single-PUT bound, so four parts of 50 MiB, not 64 + 64 + 64 + 8.
+        let r = model_checkpoint(&shape(200 * MIB, 1)).unwrap();
+        assert_eq!((r.part_size, r.parts_per_file), (50 * MIB, 4));
+    }
 }
