@@ -163,7 +163,7 @@ impl CheckpointStore {
             max_concurrent_requests,
             None,
         )?
-        .create(name, None, None)
+        .create(name, None)
     }
 
     /// The writer of `rank`'s files in attempt `attempt` of checkpoint `id`: every file it
@@ -328,20 +328,11 @@ pub struct CheckpointRankWriter {
 impl CheckpointRankWriter {
     /// Starts file `name` (relative to the attempt directory). `size`, the file's expected size
     /// (an upper bound), plans its upload: one PUT up to the single-PUT bound, else even parts.
-    /// `part_size` overrides the rank's for this file instead.
-    #[pyo3(signature = (name, part_size=None, size=None))]
-    fn create(
-        &self,
-        name: &str,
-        part_size: Option<u64>,
-        size: Option<u64>,
-    ) -> PyResult<RankFileWriter> {
+    #[pyo3(signature = (name, size=None))]
+    fn create(&self, name: &str, size: Option<u64>) -> PyResult<RankFileWriter> {
         let mut file = self.writer.create(name).map_err(to_py)?;
         if let Some(n) = size {
             file = file.with_expected_size(n).map_err(to_py)?;
-        }
-        if let Some(p) = part_size {
-            file = file.with_part_size(p).map_err(to_py)?;
         }
         Ok(RankFileWriter {
             inner: Mutex::new(Some(file)),
