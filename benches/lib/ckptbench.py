@@ -5,6 +5,13 @@ with boto3; write + fsync and read of the same bytes on local disk).
 
 Every load is checked: each tensor equal to the saved one. Run as a script (`python ckptbench.py
 SPEC_JSON`) it is the child that does `runs` saves and loads of one system, one JSON line each.
+
+With `ranks` > 1 the child starts that many rank processes (torch.distributed on gloo over
+loopback TCP, as `torchrun` would): each rank holds a state dict of its own (`mb` MiB, keys of its
+own) and every save and load is collective, timed by rank 0 from a barrier before to a barrier
+after, so a figure is the slowest rank's. Only the S3 systems run there (the question is how
+ranks share one server and its PUT/GET ceiling, where the ceiling's ranks each PUT/GET their own
+bytes at the same time).
 """
 
 from __future__ import annotations
@@ -27,10 +34,17 @@ SYSTEMS = [
 ]
 
 
-def _child(spec: dict) -> None:
-    import importlib
+def _s3_only(system: str) -> bool:
+    return "local" not in system
 
+
+def _child(spec: dict) -> None:
+    if spec.get("ranks", 1) > 1 and "rank" not in spec:
+        _start_ranks(spec)
+        return
     for system, _, probe in SYSTEMS:
+        if spec.get("ranks", 1) > 1 and not _s3_only(system):
+            continue
         try:
             exec(probe, {})
         except Exception as e:  # noqa: BLE001 - the reason is reported, never hidden
@@ -40,7 +54,25 @@ def _child(spec: dict) -> None:
             _one(spec, system)
         except Exception as e:  # noqa: BLE001
             print(json.dumps({"system": system, "error": f"{e.__class__.__name__}: {str(e)[:300]}"}), flush=True)
-    del importlib
+
+
+def _start_ranks(spec: dict) -> None:
+    """Run one process per rank; rank 0's lines are this child's output (the others' lines, which
+    are only what fails on them, go to its stderr). A rank that exits non-zero fails the child."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(spec["ranks"]):
+        rank_spec = {**spec, "rank": rank, "init": f"tcp://127.0.0.1:{port}"}
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), json.dumps(rank_spec)],
+                                      stdout=None if rank == 0 else sys.stderr))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"rank exit codes {codes}")
 
 
 def _one(spec: dict, system: str) -> None:
@@ -50,16 +82,71 @@ def _one(spec: dict, system: str) -> None:
     import torch
 
     runs, mb = spec["runs"], spec["mb"]
+    ranks, rank = spec.get("ranks", 1), spec.get("rank", 0)
+    dist = None
+    if ranks > 1:
+        import datetime
+
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=spec["init"], rank=rank, world_size=ranks,
+                                    timeout=datetime.timedelta(seconds=spec.get("rank_timeout", 600)))
     n_tensors = 8
     per = mb * (1 << 20) // n_tensors // 4
-    gen = torch.Generator().manual_seed(0)
-    state = {f"layer{i}.weight": torch.randn(per, generator=gen) for i in range(n_tensors)}
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    gen = torch.Generator().manual_seed(rank)
+    # Keys of its own per rank: each rank saves and loads its own tensors, as data-parallel
+    # ranks with sharded optimizer state (or pipeline stages) do.
+    prefix_key = f"rank{rank}." if ranks > 1 else ""
+    state = {f"{prefix_key}layer{i}.weight": torch.randn(per, generator=gen) for i in range(n_tensors)}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values()) * ranks
+
+    def sync():
+        if dist is not None:
+            dist.barrier()
+
+    def start():
+        sync()
+        return time.time()
 
     def emit(op, t0, check, rep):
-        if rep < 0:  # the untimed first save/load: lazy imports and first-touch allocations
+        # Every rank's check travels to rank 0, which times the slowest rank (the barrier).
+        checks = [check]
+        if dist is not None:
+            checks = [None] * ranks
+            dist.all_gather_object(checks, check)
+        t_end = time.time()
+        if rep < 0 or rank != 0:  # the untimed first save/load: lazy imports and first-touch allocations
             return
-        print(json.dumps({"system": system, "op": op, "rep": rep, "t0": t0, "t_end": time.time(), "bytes": nbytes, "check": check}), flush=True)
+        bad = sorted({c for c in checks if c != "ok"})
+        print(json.dumps({"system": system, "op": op, "rep": rep, "t0": t0, "t_end": t_end, "bytes": nbytes,
+                          "check": "; ".join(bad) or "ok"}), flush=True)
+
+    t_system = time.monotonic()
+
+    def over_budget(rep):
+        """After a timed run, whether this system has used its share of time (`budget_s`): the
+        remaining runs are left out (the row's `runs` says how many counted). Rank 0 decides for
+        every rank, so that no rank waits at a barrier the others have left."""
+        stop = [rep >= 0 and time.monotonic() - t_system > spec.get("budget_s", float("inf"))]
+        if dist is not None:
+            dist.broadcast_object_list(stop, src=0)
+        return stop[0]
+
+    def drop(prefix):
+        """Delete one run's objects once it is loaded (4 ranks x 1 GiB x 3 runs x 3 systems
+        would not fit the server's disk or moto's memory); outside the timed part."""
+        sync()
+        if rank != 0 or "endpoint" not in spec:
+            return
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=spec["endpoint"], aws_access_key_id="bench",
+                          aws_secret_access_key="bench", region_name="us-east-1")
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=prefix):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket="bench", Delete={"Objects": keys, "Quiet": True})
 
     def compare(loaded):
         bad = [k for k in state if not torch.equal(state[k], loaded[k])]
@@ -79,14 +166,18 @@ def _one(spec: dict, system: str) -> None:
         blobs = {k: v.numpy().tobytes() for k, v in state.items()}
         for rep in range(-1, runs):
             prefix = f"ckpt/raw/{rep}"
-            t0 = time.time()
+            t0 = start()
             with cf.ThreadPoolExecutor(8) as ex:
                 list(ex.map(lambda kv: s3.put_object(Bucket="bench", Key=f"{prefix}/{kv[0]}", Body=kv[1]), blobs.items()))
             emit("save", t0, "ok", rep)
-            t0 = time.time()
+            t0 = start()
             with cf.ThreadPoolExecutor(8) as ex:
                 got = dict(ex.map(lambda k: (k, s3.get_object(Bucket="bench", Key=f"{prefix}/{k}")["Body"].read()), blobs))
             emit("load", t0, "ok" if got == blobs else "bytes differ", rep)
+            del got
+            drop(prefix + "/")
+            if over_budget(rep):
+                break
         return
     if system.startswith("ceiling: local"):
         blobs = {k: v.numpy().tobytes() for k, v in state.items()}
@@ -117,6 +208,7 @@ def _one(spec: dict, system: str) -> None:
             from s3torchconnector._s3client import S3Client
             from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 
+            key_prefix = f"ckpt/s3tc{rep}/"
             url, cfg = f"{spec['url']}/s3tc{rep}", S3ClientConfig(force_path_style=True)
 
             def with_endpoint(obj):
@@ -129,26 +221,43 @@ def _one(spec: dict, system: str) -> None:
         else:
             from shardstream.checkpoint import StorageReader, StorageWriter
 
+            key_prefix = f"ckpt/ss{rep}/"
             url = f"{spec['url']}/ss{rep}"
             writer, reader = (lambda: StorageWriter(url)), (lambda: StorageReader(url))
-        t0 = time.time()
-        dcp.save(state, storage_writer=writer())
+        t0 = start()
+        dcp.save(state, storage_writer=writer(), no_dist=dist is None)
         emit("save", t0, "ok", rep)
         loaded = empty()
-        t0 = time.time()
-        dcp.load(loaded, storage_reader=reader())
+        t0 = start()
+        dcp.load(loaded, storage_reader=reader(), no_dist=dist is None)
         emit("load", t0, compare(loaded), rep)
         del loaded
+        if not system.startswith("torch"):
+            drop(key_prefix)
+        if over_budget(rep):
+            break
 
 
-def run_all(ctx, log, mb: int) -> tuple[list[Row], list[Skip]]:
-    """One child process runs every system in turn (torch is imported once)."""
+def profile_name(mb: int, ranks: int = 1) -> str:
+    """The report's name for one checkpoint shape (the `data` column; goals look rows up by it)."""
+    return f"{mb} MiB state dict" if ranks == 1 else f"{ranks} ranks × {mb} MiB state dict"
+
+
+def run_all(ctx, log, mb: int, ranks: int = 1) -> tuple[list[Row], list[Skip]]:
+    """One child process runs every system in turn (torch is imported once); with `ranks` > 1 it
+    starts one process per rank and only the S3 systems run."""
     import shutil
 
     rows, skips = [], []
-    root = ctx.work / "scratch" / "ckpt"
-    spec = {"runs": ctx.runs, "mb": mb, "root": str(root), "url": "s3://bench/ckpt", "endpoint": ctx.server.endpoint}
-    bound = ctx.timeout * 2
+    profile = profile_name(mb, ranks)
+    root = ctx.work / "scratch" / f"ckpt{ranks}"
+    # Each system gets the runner's per-child bound (a slow peer, e.g. s3torchconnector's ranged
+    # GETs on moto, counts fewer runs rather than failing the whole child); the child's bound
+    # leaves room for every system to overrun its share by one save and load.
+    n_systems = sum(1 for system, _, _ in SYSTEMS if ranks == 1 or _s3_only(system))
+    spec = {"runs": ctx.runs, "mb": mb, "ranks": ranks, "root": str(root), "url": "s3://bench/ckpt",
+            "endpoint": ctx.server.endpoint, "budget_s": ctx.timeout}
+    bound = ctx.timeout * (2 if ranks == 1 else n_systems + 1)
     res = run_child([ctx.python, str(Path(__file__).resolve()), json.dumps(spec)], bound, env=ctx.server.env)
     shutil.rmtree(root, ignore_errors=True)
     failure = None
@@ -157,6 +266,8 @@ def run_all(ctx, log, mb: int) -> tuple[list[Row], list[Skip]]:
     elif res.rc != 0:
         failure = "exit %s: %s" % (res.rc, (res.stderr_tail.strip().splitlines() or ["?"])[-1][:300])
     for system, kind, _ in SYSTEMS:
+        if ranks > 1 and not _s3_only(system):
+            continue
         lines = [x for x in res.lines if x.get("system") == system]
         skip = next((x["skip"] for x in lines if "skip" in x), None)
         if skip:
@@ -175,11 +286,11 @@ def run_all(ctx, log, mb: int) -> tuple[list[Row], list[Skip]]:
                     line["epoch_s"] = line["t_end"] - line["t0"]
                     line["peak_mem"] = res.sampler.peak(line["t0"], line["t_end"])
                     runs.append(line)
-            row = aggregate("checkpoint", system, f"{mb} MiB state dict", op, kind, runs)
+            row = aggregate("checkpoint", system, profile, op, kind, runs)
             if error and len(runs) < ctx.runs:
                 row.check = (row.check + "; " if runs else "") + error
             rows.append(row)
-        log(f"checkpoint: {system}: {rows[-2].check} / {rows[-1].check}")
+        log(f"checkpoint ({profile}): {system}: {rows[-2].check} / {rows[-1].check}")
     return rows, skips
 
 

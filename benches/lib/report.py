@@ -165,8 +165,11 @@ class Report:
              "empty cache; warm: the same mount read again. Peak memory is the mount daemon's. ÷ceiling: page-cache "
              "read (warm) or raw parallel GET (cold) of the same files."),
             ("checkpoint", "Checkpoints (torch.distributed.checkpoint save and load)", "One state dict of 8 float32 "
-             "tensors, one process (every system in one child process, one after the other). Load is checked tensor by "
-             "tensor. Peak memory is the process's. ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
+             "tensors, one process (every system in one child process, one after the other); then the same state dict "
+             "per rank in N ranks at once (torch.distributed on gloo, keys of its own per rank, S3 only; `data` says N; "
+             "timed from a barrier before to a barrier after, so a figure is the slowest rank's, in bytes of all ranks; "
+             "the ceiling's ranks PUT/GET their own bytes at the same time). Load is checked tensor by "
+             "tensor. Peak memory is the process tree's. ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
              "disk); ÷best peer: against peers on the same medium."),
         ):
             rows = [r for r in self.rows if r.section == section]
@@ -180,7 +183,7 @@ class Report:
                     ceil = self._ceiling(r.profile, r.temperature)
                 else:
                     ceil = next((c for c in rows if c.kind == "ceiling" and c.config == r.config
-                                 and ("local" in c.system) == ("local" in r.system)), None)
+                                 and c.profile == r.profile and ("local" in c.system) == ("local" in r.system)), None)
                 peer = None
                 if r.kind != "ceiling":
                     peer = self._best_peer(section, r.profile, r.config,
@@ -232,8 +235,18 @@ class Report:
                                     and x.system.startswith("cold ceiling")), None) for prof in (big, mid, small)}
         for prof in (big, mid, small):
             for cfg in ("cold · 1 process · in order", "cold · DataLoader 2 workers · shuffled"):
-                add(41, f"Python {cfg}, {prof}: ≥ 0.85 × cold ceiling (GET → cache files)",
-                    frac(self._find("streaming", py, prof, cfg), cold_ceiling[prof]), 0.85)
+                r = self._find("streaming", py, prof, cfg)
+                v, mem = frac(r, cold_ceiling[prof]), self._memory(prof, cfg)
+                # Where the consumer's own loop (the in-memory ceiling: the same samples made in
+                # memory, through the same loop and DataLoader) is as slow as the bytes, the cold
+                # ceiling alone cannot be reached on shared cores: the two in series, 1 / (1/cold
+                # ceiling + 1/in-memory), is what a machine whose cores are all busy allows.
+                ctx = ""
+                if v is not None and mem and mem.mb_per_s:
+                    c, m = cold_ceiling[prof].mb_per_s["median"], mem.mb_per_s["median"]
+                    ctx = (f"(÷ in-memory ceiling: {r.mb_per_s['median'] / m:.2f}; "
+                           f"÷ the two in series: {r.mb_per_s['median'] * (1 / c + 1 / m):.2f})")
+                add(41, f"Python {cfg}, {prof}: ≥ 0.85 × cold ceiling (GET → cache files)", v, 0.85, what=ctx)
         dl = "cold · DataLoader 2 workers · shuffled"
         for prof, target in ((mid, 3.0), (small, 5.0)):
             for system in ("shardstream (python, iter_batches)", "shardstream (python)"):
@@ -272,12 +285,14 @@ class Report:
             add(5, f"mount cold, {prof}: ≥ 0.80 × raw parallel GET", frac(self._find("fuse", "shardstream mount", prof, f_c), self._ceiling(prof, "cold")), 0.80)
             ss, peer = self._find("fuse", "shardstream mount", prof, f_c), self._best_peer("fuse", prof, f_c)
             add(5, f"mount cold, {prof}: ≥ 2× s3fs and rclone", frac(ss, peer), 2.0, unit="×")
-        for op, raw in (("save", "PUT"), ("load", "GET")):
-            ss = self._find("checkpoint", "shardstream.checkpoint", self.meta["ckpt_profile"], op)
-            ceil = self._find("checkpoint", "ceiling: boto3", self.meta["ckpt_profile"], op)
-            s3tc = self._find("checkpoint", "s3torchconnector", self.meta["ckpt_profile"], op)
-            add(6, f"checkpoint {op}: ≥ 0.85 × raw parallel {raw}", frac(ss, ceil), 0.85)
-            add(6, f"checkpoint {op}: ≥ 1.5× s3torchconnector", frac(ss, s3tc), 1.5, unit="×")
+        # Reports written before the ranks rows name one profile.
+        for ckpt in self.meta.get("ckpt_profiles") or [self.meta["ckpt_profile"]]:
+            for op, raw in (("save", "PUT"), ("load", "GET")):
+                ss = self._find("checkpoint", "shardstream.checkpoint", ckpt, op)
+                ceil = self._find("checkpoint", "ceiling: boto3", ckpt, op)
+                s3tc = self._find("checkpoint", "s3torchconnector", ckpt, op)
+                add(6, f"checkpoint {op}, {ckpt}: ≥ 0.85 × raw parallel {raw}", frac(ss, ceil), 0.85)
+                add(6, f"checkpoint {op}, {ckpt}: ≥ 1.5× s3torchconnector", frac(ss, s3tc), 1.5, unit="×")
         out += ["", "A goal that is not met is marked **no**; the closing note of the latest full run (benches/README.md) says why",
                 "and what would fix it. \"not measured\" means the system was skipped (see above) or failed its check."]
         return out
