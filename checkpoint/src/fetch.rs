@@ -68,6 +68,7 @@ pub async fn read_pieces(
     };
     // `zeroed` is calloc: fresh pages come zeroed from the kernel, so this is not a memset.
     let mut buf = BytesMut::zeroed(total);
+    advise_huge_pages(&mut buf);
     let mut slots = Vec::with_capacity(pieces.len());
     for r in pieces {
         let n = usize::try_from(r.end - r.start)
@@ -167,6 +168,47 @@ async fn read_remote_into(
     Ok(crc.value())
 }
 
+/// Smallest buffer worth backing with transparent huge pages: a few of them, so that the
+/// unaligned head and tail (left in small pages) are a small share of it.
+const HUGE_PAGE_MIN_BUFFER: usize = 8 << 20;
+
+/// Asks the kernel to back the 2 MiB-aligned interior of a large, freshly allocated (untouched)
+/// buffer with transparent huge pages. A checkpoint load fills buffers of up to a whole file
+/// (136 MiB) that were never touched: in 4 KiB pages every one of them costs a page fault (a
+/// 1 GiB load took 262,144 faults, about half of the I/O threads' CPU in `perf`), in 2 MiB pages
+/// 512 times fewer. Only a hint: where THP is off (`never`) or no huge page is free, the kernel
+/// uses small pages as before; with THP `always` it is what already happens.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn advise_huge_pages(buf: &mut [u8]) {
+    const HUGE_PAGE: usize = 2 << 20;
+    if buf.len() < HUGE_PAGE_MIN_BUFFER {
+        return;
+    }
+    let start = buf.as_mut_ptr() as usize;
+    let Some(end) = start.checked_add(buf.len()) else {
+        return;
+    };
+    let Some(lo) = start.checked_next_multiple_of(HUGE_PAGE) else {
+        return;
+    };
+    let hi = end - end % HUGE_PAGE;
+    if hi <= lo {
+        return;
+    }
+    // SAFETY: [lo, hi) lies inside `buf`, which this function borrows mutably, and is page
+    // aligned; MADV_HUGEPAGE changes how the kernel backs those pages, never their contents
+    // (untouched pages read as zero either way) or the mapping's lifetime. A failure (EINVAL
+    // where THP is compiled out) leaves the buffer as it was, so its result is not needed.
+    let rc = unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+    if rc != 0 {
+        tracing::trace!(len = hi - lo, "madvise(MADV_HUGEPAGE) refused; small pages");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_buf: &mut [u8]) {}
+
 async fn open_local(path: &Path, local: &std::path::Path) -> Result<std::fs::File> {
     let owned = local.to_path_buf();
     tokio::task::spawn_blocking(move || std::fs::File::open(owned))
@@ -213,6 +255,30 @@ mod tests {
     use object_store::local::LocalFileSystem;
     use object_store::memory::InMemory;
     use object_store::{ObjectStoreExt, PutPayload};
+
+    #[test]
+    fn huge_page_advice_keeps_a_buffer_zeroed_and_writable_at_any_alignment() {
+        // Unaligned starts and ends (the head and tail stay in small pages), a buffer below
+        // the minimum (no advice) and one exactly at it.
+        for (len, skip) in [
+            (20 << 20, 0),
+            (20 << 20, 4097),
+            (1 << 20, 0),
+            (HUGE_PAGE_MIN_BUFFER, 1),
+        ] {
+            let mut buf = BytesMut::zeroed(len + skip);
+            let tail = &mut buf[skip..];
+            advise_huge_pages(tail);
+            assert!(
+                tail.iter().all(|&b| b == 0),
+                "{len} bytes at +{skip}: not zero"
+            );
+            for (i, b) in tail.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            assert!(tail.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        }
+    }
 
     #[test]
     fn cut_respects_chunk_and_alignment() {
