@@ -238,6 +238,12 @@ def main() -> int:
         # share the server (2 in the smoke run, to keep CI short).
         ckpt_shapes = [(ckpt_mb, 1), (ckpt_mb, 2 if args.smoke else 4)]
         if "checkpoint" in sections:
+            # The datasets are not read again: off the server they go, so that moto (which holds
+            # objects in memory) has room for 4 ranks' checkpoints beside the ranks themselves.
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench"):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    s3.delete_objects(Bucket="bench", Delete={"Objects": keys, "Quiet": True})
             for mb, ranks in ckpt_shapes:
                 r, s = ckptbench.run_all(ctx, log, mb, ranks)
                 rows += r
@@ -283,11 +289,12 @@ def main() -> int:
         ],
     }
     rep = Report(rows, skips, meta)
-    out.mkdir(parents=True, exist_ok=True)
-    plots = rep.plots(out / "benchmarks")
-    (out / "benchmarks.md").write_text(rep.markdown(plots))
+    # The raw figures first: a report that fails to render must not lose the run behind it.
+    (out / "benchmarks").mkdir(parents=True, exist_ok=True)
     (out / "benchmarks" / "results.json").write_text(json.dumps(
         {"meta": meta, "rows": [r.to_dict() for r in rows], "skips": [s.__dict__ for s in skips]}, indent=1, default=str))
+    plots = rep.plots(out / "benchmarks")
+    (out / "benchmarks.md").write_text(rep.markdown(plots))
     log(f"report: {out / 'benchmarks.md'}")
     bad = [r for r in rows if r.check != "ok"]
     for r in bad:

@@ -219,7 +219,7 @@ class Report:
             out.append(f"| {issue} | {goal} | {value:,.2f}{unit} {what} | {'yes' if ok else '**no**'} |")
 
         def frac(row, ceil):
-            if row is None or row.check != "ok" or not row.mb_per_s or ceil is None:
+            if row is None or row.check != "ok" or not row.mb_per_s or ceil is None or not ceil.mb_per_s:
                 return None
             return row.mb_per_s["median"] / ceil.mb_per_s["median"]
 
