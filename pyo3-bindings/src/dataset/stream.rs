@@ -91,9 +91,18 @@ pub struct NativeStream {
     decoder: Arc<Decoder>,
     ds: Arc<StreamingDataset>,
     batch_buffers: Arc<BufferPool>,
+    /// The process that made the stream and its reader thread. A forked child holds a copy of
+    /// the stream whose channel (and its waker's mutex) a parent thread may have held locked at
+    /// the fork; no thread of the child can ever unlock it, so the child never touches it.
+    owner_pid: u32,
 }
 
 impl NativeStream {
+    /// Whether this is a forked child's copy of a stream made in its parent.
+    fn forked_copy(&self) -> bool {
+        std::process::id() != self.owner_pid
+    }
+
     /// Starts the reader thread of one rank's part of an epoch (`NativeDataset.stream`).
     /// `raw` leaves the samples unparsed, for `next_columns`.
     pub(super) fn start(
@@ -182,6 +191,7 @@ impl NativeStream {
             decoder,
             ds,
             batch_buffers,
+            owner_pid: std::process::id(),
         })
     }
 
@@ -288,6 +298,19 @@ struct Want {
 struct Taken {
     items: Vec<Item>,
     bytes: usize,
+}
+
+impl Drop for NativeStream {
+    fn drop(&mut self) {
+        if self.forked_copy() {
+            // As in `close`: a forked child's copy of the channel, and the samples it holds,
+            // are never dropped there (see `owner_pid`).
+            std::mem::forget(self.rx.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+            std::mem::forget(std::mem::take(
+                self.pending.get_mut().unwrap_or_else(|p| p.into_inner()),
+            ));
+        }
+    }
 }
 
 #[pymethods]
@@ -451,6 +474,15 @@ impl NativeStream {
 
     /// Stops the stream: the reader thread ends and its prefetched shards are released.
     fn close(&self) {
+        if self.forked_copy() {
+            // Dropping the receiver would lock the channel's waker, which a parent thread may
+            // have held at the fork (a child hung there, 1 in 120 forks of test_fork_hold.py):
+            // the copy is left as it is, and its memory goes with the process.
+            if let Ok(mut rx) = self.rx.try_lock() {
+                std::mem::forget(rx.take());
+            }
+            return;
+        }
         *self.rx.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.pending
             .lock()
