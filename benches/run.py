@@ -240,10 +240,7 @@ def main() -> int:
         if "checkpoint" in sections:
             # The datasets are not read again: off the server they go, so that moto (which holds
             # objects in memory) has room for 4 ranks' checkpoints beside the ranks themselves.
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench"):
-                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                if keys:
-                    s3.delete_objects(Bucket="bench", Delete={"Objects": keys, "Quiet": True})
+            s3server.delete_prefix(s3, "bench")
             for mb, ranks in ckpt_shapes:
                 r, s = ckptbench.run_all(ctx, log, mb, ranks)
                 rows += r

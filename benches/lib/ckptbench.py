@@ -153,13 +153,10 @@ def _one(spec: dict, system: str) -> None:
         if rank != 0 or "endpoint" not in spec:
             return
         import boto3
+        from s3server import delete_prefix
 
-        s3 = boto3.client("s3", endpoint_url=spec["endpoint"], aws_access_key_id="bench",
-                          aws_secret_access_key="bench", region_name="us-east-1")
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=prefix):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                s3.delete_objects(Bucket="bench", Delete={"Objects": keys, "Quiet": True})
+        delete_prefix(boto3.client("s3", endpoint_url=spec["endpoint"], aws_access_key_id="bench",
+                                   aws_secret_access_key="bench", region_name="us-east-1"), "bench", prefix)
 
     def compare(loaded):
         bad = [k for k in state if not torch.equal(state[k], loaded[k])]

@@ -264,6 +264,14 @@ def shutil_which(name: str) -> str | None:
     return shutil.which(name)
 
 
+def delete_prefix(s3, bucket: str, prefix: str = "") -> None:
+    """Deletes every object under `prefix` (all of them with ""), a page of keys at a time."""
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
 def start(kind: str, work: Path, python: str = sys.executable) -> S3Server:
     """The benchmark's S3 server: `moto` or `s3s-fs` (its objects under work/s3s-fs)."""
     if kind == "moto":

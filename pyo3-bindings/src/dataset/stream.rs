@@ -477,10 +477,7 @@ impl NativeStream {
         if self.forked_copy() {
             // Dropping the receiver would lock the channel's waker, which a parent thread may
             // have held at the fork (a child hung there, 1 in 120 forks of test_fork_hold.py):
-            // the copy is left as it is, and its memory goes with the process.
-            if let Ok(mut rx) = self.rx.try_lock() {
-                std::mem::forget(rx.take());
-            }
+            // the copy is left as it is, and `Drop` leaks it with the process.
             return;
         }
         *self.rx.lock().unwrap_or_else(|p| p.into_inner()) = None;
