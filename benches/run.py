@@ -4,6 +4,7 @@
     .venv/bin/python benches/run.py            # full run: writes docs/benchmarks.md and docs/benchmarks/*.png
     .venv/bin/python benches/run.py --smoke --out /tmp/bench   # tiny data, < 60 s (CI)
     .venv/bin/python benches/run.py --scale realistic --server s3s-fs --profiles 1MB   # 2 GB in 64 MB shards
+    .venv/bin/python benches/run.py --render docs/realistic/10KB   # the report again from its results.json
 
 What it does, in order (each system a runner that is skipped with a stated reason when it cannot
 run on this checkout or machine):
@@ -31,6 +32,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +45,7 @@ import datasets  # noqa: E402
 import fusebench  # noqa: E402
 import streambench  # noqa: E402
 from report import Report  # noqa: E402
-from results import Skip  # noqa: E402
+from results import Row, Skip  # noqa: E402
 import s3server  # noqa: E402
 
 T0 = time.monotonic()
@@ -174,7 +176,12 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
     ap.add_argument("--only", default="ceilings,streaming,fuse,checkpoint", help="comma-separated sections")
     ap.add_argument("--note", default="", help="a sentence printed at the top of the report (e.g. machine load)")
+    ap.add_argument("--render", metavar="FOLDER",
+                    help="measure nothing: write FOLDER/benchmarks.md and its plots again from FOLDER/benchmarks/results.json "
+                         "with this checkout's report code (for a column or goal added since that run)")
     args = ap.parse_args()
+    if args.render:
+        return render(Path(args.render))
     runs = args.runs or (1 if args.smoke else 3)
     timeout = args.timeout or (60 if args.smoke else 300)
     scale = "smoke" if args.smoke else args.scale
@@ -296,6 +303,26 @@ def main() -> int:
     bad = [r for r in rows if r.check != "ok"]
     for r in bad:
         log(f"NOT OK: {r.section} {r.system} {r.profile} {r.config}: {r.check}")
+    return 0
+
+
+def render(folder: Path) -> int:
+    """The report of an earlier run again, from its raw figures: the same measurements, this
+    checkout's derived columns and goals; the header says when and by which commit it was redrawn."""
+    raw = json.loads((folder / "benchmarks" / "results.json").read_text())
+    meta = raw["meta"]
+    meta["rendered"] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                        "commit": sh_out(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])}
+    rep = Report([Row(**r) for r in raw["rows"]], [Skip(**s) for s in raw["skips"]], meta)
+    # The run's own plots stay: results.json keeps 40 points of each memory series, the run drew
+    # its plot from all of them. Only a plot the run did not draw is added.
+    with tempfile.TemporaryDirectory() as tmp:
+        plots = rep.plots(Path(tmp))
+        for name in plots:
+            if not (folder / "benchmarks" / name).exists():
+                shutil.copy(Path(tmp) / name, folder / "benchmarks" / name)
+    (folder / "benchmarks.md").write_text(rep.markdown(plots))
+    log(f"report: {folder / 'benchmarks.md'} (re-rendered from its results.json)")
     return 0
 
 

@@ -77,6 +77,10 @@ class Report:
             "says so in `check` instead of counting.",
             "",
         ]
+        if m.get("rendered"):
+            out += [f"Redrawn at {m['rendered']['date']} by the report code of commit `{m['rendered']['commit']}` "
+                    "(`benches/run.py --render`) from this run's `results.json`: every measured figure is the run's own; "
+                    "only derived columns and goals added since may be new.", ""]
         if m.get("note"):
             out += [f"**Note:** {m['note']}", ""]
         out += ["## Machine and versions", "", "| | |", "| --- | --- |"]
@@ -165,11 +169,15 @@ class Report:
              "empty cache; warm: the same mount read again. Peak memory is the mount daemon's. ÷ceiling: page-cache "
              "read (warm) or raw parallel GET (cold) of the same files."),
             ("checkpoint", "Checkpoints (torch.distributed.checkpoint save and load)", "One state dict of 8 float32 "
-             "tensors, one process (every system in one child process, one after the other); then the same state dict "
-             "per rank in N ranks at once (torch.distributed on gloo, keys of its own per rank, S3 only; `data` says N; "
-             "timed from a barrier before to a barrier after, so a figure is the slowest rank's, in bytes of all ranks; "
-             "the ceiling's ranks PUT/GET their own bytes at the same time). Load is checked tensor by "
-             "tensor. Peak memory is the process tree's. ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
+             "tensors, one process (every system in one child process, one after the other)"
+             + ("; then the same state dict "
+                "per rank in N ranks at once (torch.distributed on gloo, keys of its own per rank, S3 only; `data` says N; "
+                "timed from a barrier before to a barrier after, so a figure is the slowest rank's, in bytes of all ranks; "
+                "the ceiling's ranks PUT/GET their own bytes at the same time). Load is checked tensor by "
+                "tensor. Peak memory is the process tree's." if "ckpt_profiles" in self.meta else
+                # A run from before the ranks were measured (redrawn by `run.py --render`) says what it measured.
+                ". Load is checked tensor by tensor. Peak memory is the process's.")
+             + " ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
              "disk); ÷best peer: against peers on the same medium."),
         ):
             rows = [r for r in self.rows if r.section == section]

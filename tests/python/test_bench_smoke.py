@@ -57,6 +57,21 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert s["reason"].strip(), f"silent skip of {s['system']}"
         assert s["system"] in md and s["reason"][:40] in md
 
+    # The report drawn again from results.json (`--render`): every table line as the run wrote
+    # it, the run's own plots kept, and a line on top saying it was redrawn.
+    pngs = {png: (out / "benchmarks" / png).read_bytes() for png in ("throughput.png", "rss.png")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benches" / "run.py"), "--render", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    redrawn = (out / "benchmarks.md").read_text()
+    assert "Redrawn at " in redrawn and "Redrawn at " not in md
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert [line for line in redrawn.splitlines() if line.startswith("| ")] == table
+    assert all((out / "benchmarks" / png).read_bytes() == data for png, data in pngs.items())
+
     # The smoke run never writes the committed report.
     after = docs_report.read_bytes() if docs_report.exists() else None
     assert before == after
