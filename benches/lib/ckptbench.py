@@ -3,8 +3,11 @@ FileSystemWriter/Reader (local disk), s3torchconnector's S3StorageWriter/Reader 
 StorageWriter/Reader (the S3 server), next to the ceilings (raw parallel PUT/GET of the same bytes
 with boto3; write + fsync and read of the same bytes on local disk).
 
-Every load is checked: each tensor equal to the saved one. Run as a script (`python ckptbench.py
-SPEC_JSON`) it is the child that does `runs` saves and loads of one system, one JSON line each.
+Every load is checked: each tensor equal to the saved one. Each DCP system also loads every other
+tensor (a `partial load`, as a resume that needs only some keys does): the bytes the server sent
+per byte asked for (the `amplif.` column, measured at the server for every S3 load) show whether a
+reader fetches only what it needs. Run as a script (`python ckptbench.py SPEC_JSON`) it is the
+child that does `runs` saves and loads of one system, one JSON line each.
 
 With `ranks` > 1 the child starts that many rank processes (torch.distributed on gloo over
 loopback TCP, as `torchrun` would): each rank holds a state dict of its own (`mb` MiB, keys of its
@@ -32,6 +35,10 @@ SYSTEMS = [
     ("ceiling: boto3 PUT/GET, 8 threads", "ceiling", "import boto3"),
     ("ceiling: local write+fsync / read", "ceiling", "import os"),
 ]
+
+
+# The op of a load of every other tensor (its row's configuration in the report).
+PARTIAL = "partial load (every other tensor)"
 
 
 def _s3_only(system: str) -> bool:
@@ -122,7 +129,19 @@ def _one(spec: dict, system: str) -> None:
         sync()
         return time.time()
 
-    def emit(op, t0, check, rep):
+    def sent_bytes():
+        """What the S3 server has sent so far (its counter, read by rank 0 outside the timed part
+        while every rank waits at a barrier); None off S3."""
+        if rank != 0 or not _s3_only(system) or "counters_url" not in spec:
+            return None
+        import urllib.request
+
+        with urllib.request.urlopen(spec["counters_url"], timeout=5) as r:
+            return json.loads(r.read())["bytes_sent"]
+
+    def emit(op, t0, check, rep, sent0=None, needed=None):
+        """One timed operation's line; `needed`: the bytes it moved, of all ranks (default the
+        whole state dict); `sent0`: the server's counter before it, for a load's amplification."""
         # Every rank's check travels to rank 0, which times the slowest rank (the barrier).
         checks = [check]
         if dist is not None:
@@ -131,9 +150,13 @@ def _one(spec: dict, system: str) -> None:
         t_end = time.time()
         if rep < 0 or rank != 0:  # the untimed first save/load: lazy imports and first-touch allocations
             return
+        needed = needed or nbytes
         bad = sorted({c for c in checks if c != "ok"})
-        print(json.dumps({"system": system, "op": op, "rep": rep, "t0": t0, "t_end": t_end, "bytes": nbytes,
-                          "check": "; ".join(bad) or "ok"}), flush=True)
+        line = {"system": system, "op": op, "rep": rep, "t0": t0, "t_end": t_end, "bytes": needed,
+                "check": "; ".join(bad) or "ok"}
+        if sent0 is not None:
+            line["amp"] = (sent_bytes() - sent0) / needed
+        print(json.dumps(line), flush=True)
 
     t_system = time.monotonic()
 
@@ -159,11 +182,11 @@ def _one(spec: dict, system: str) -> None:
                                    aws_secret_access_key="bench", region_name="us-east-1"), "bench", prefix)
 
     def compare(loaded):
-        bad = [k for k in state if not torch.equal(state[k], loaded[k])]
+        bad = [k for k in loaded if not torch.equal(state[k], loaded[k])]
         return "ok" if not bad else f"{len(bad)} tensors differ after load"
 
-    def empty():
-        return {k: torch.zeros_like(v) for k, v in state.items()}
+    def empty(every_other=False):
+        return {k: torch.zeros_like(v) for i, (k, v) in enumerate(state.items()) if not every_other or i % 2 == 0}
 
     if system.startswith("ceiling: boto3"):
         import concurrent.futures as cf
@@ -180,10 +203,11 @@ def _one(spec: dict, system: str) -> None:
             with cf.ThreadPoolExecutor(8) as ex:
                 list(ex.map(lambda kv: s3.put_object(Bucket="bench", Key=f"{prefix}/{kv[0]}", Body=kv[1]), blobs.items()))
             emit("save", t0, "ok", rep)
+            sent0 = sent_bytes()
             t0 = start()
             with cf.ThreadPoolExecutor(8) as ex:
                 got = dict(ex.map(lambda k: (k, s3.get_object(Bucket="bench", Key=f"{prefix}/{k}")["Body"].read()), blobs))
-            emit("load", t0, "ok" if got == blobs else "bytes differ", rep)
+            emit("load", t0, "ok" if got == blobs else "bytes differ", rep, sent0)
             del got
             drop(prefix + "/")
             if over_budget(rep):
@@ -239,10 +263,18 @@ def _one(spec: dict, system: str) -> None:
             dcp.save(state, storage_writer=writer(), no_dist=dist is None)
             emit("save", t0, "ok", rep)
             loaded = empty()
+            sent0 = sent_bytes()
             t0 = start()
             dcp.load(loaded, storage_reader=reader(), no_dist=dist is None)
-            emit("load", t0, compare(loaded), rep)
+            emit("load", t0, compare(loaded), rep, sent0)
             del loaded
+            part = empty(every_other=True)
+            part_bytes = sum(t.numel() * t.element_size() for t in part.values()) * ranks
+            sent0 = sent_bytes()
+            t0 = start()
+            dcp.load(part, storage_reader=reader(), no_dist=dist is None)
+            emit(PARTIAL, t0, compare(part), rep, sent0, part_bytes)
+            del part
         finally:
             # Also after a failed (collective, so every rank's) save or load: its objects
             # would otherwise stay in the server's memory for the systems after it.
@@ -270,7 +302,7 @@ def run_all(ctx, log, mb: int, ranks: int = 1) -> tuple[list[Row], list[Skip]]:
     # leaves room for every system to overrun its share by one save and load.
     n_systems = sum(1 for system, _, _ in SYSTEMS if ranks == 1 or _s3_only(system))
     spec = {"runs": ctx.runs, "mb": mb, "ranks": ranks, "root": str(root), "url": "s3://bench/ckpt",
-            "endpoint": ctx.server.endpoint, "budget_s": ctx.timeout}
+            "endpoint": ctx.server.endpoint, "counters_url": ctx.server.counters_url, "budget_s": ctx.timeout}
     bound = ctx.timeout * (2 if ranks == 1 else n_systems + 1)
     res = run_child([ctx.python, str(Path(__file__).resolve()), json.dumps(spec)], bound, env=ctx.server.env)
     shutil.rmtree(root, ignore_errors=True)
@@ -293,7 +325,7 @@ def run_all(ctx, log, mb: int, ranks: int = 1) -> tuple[list[Row], list[Skip]]:
         error = next((x["error"] for x in lines if "error" in x), None) or failure
         if not lines and not error:
             error = "no result"
-        for op in ("save", "load"):
+        for op in ("save", "load") + ((PARTIAL,) if kind != "ceiling" else ()):
             runs = []
             for line in lines:
                 if line.get("op") == op:
@@ -304,7 +336,7 @@ def run_all(ctx, log, mb: int, ranks: int = 1) -> tuple[list[Row], list[Skip]]:
             if error and len(runs) < ctx.runs:
                 row.check = (row.check + "; " if runs else "") + error
             rows.append(row)
-        log(f"checkpoint ({profile}): {system}: {rows[-2].check} / {rows[-1].check}")
+        log(f"checkpoint ({profile}): {system}: " + " / ".join(r.check for r in rows if r.system == system))
     return rows, skips
 
 

@@ -177,6 +177,9 @@ class Report:
                 "tensor. Peak memory is the process tree's." if "ckpt_profiles" in self.meta else
                 # A run from before the ranks were measured (redrawn by `run.py --render`) says what it measured.
                 ". Load is checked tensor by tensor. Peak memory is the process's.")
+             + (" Each DCP system also loads every other tensor (`partial load`, as a resume that needs only some "
+                "keys does); `amplif.` is the bytes the S3 server sent per byte a load asked for."
+                if any(r.config.startswith("partial load") for r in self.rows) else "")
              + " ÷ceiling: raw parallel PUT/GET (S3) or write+fsync/read (local "
              "disk); ÷best peer: against peers on the same medium."),
         ):

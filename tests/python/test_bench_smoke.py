@@ -53,6 +53,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     no_peak = [(r["system"], r["profile"], r["config"]) for r in python_rows
                if not r["peak_mem"] or r["peak_mem"]["median"] < 100 << 20]
     assert python_rows and not no_peak, f"rows without a memory epoch's peak: {no_peak}"
+    # A partial checkpoint load (every other tensor) fetches what it asks for and no more, as
+    # the server counts it, in one process and in ranks.
+    partial = [r for r in rows if r["section"] == "checkpoint" and r["system"].startswith("shardstream")
+               and r["config"].startswith("partial load")]
+    assert len(partial) == 2 and all(r["amplification"] and r["amplification"]["median"] < 1.1 for r in partial), partial
     for s in skips:
         assert s["reason"].strip(), f"silent skip of {s['system']}"
         assert s["system"] in md and s["reason"][:40] in md
