@@ -134,10 +134,9 @@ def _one(spec: dict, system: str) -> None:
         while every rank waits at a barrier); None off S3."""
         if rank != 0 or not _s3_only(system) or "counters_url" not in spec:
             return None
-        import urllib.request
+        from s3server import read_counters
 
-        with urllib.request.urlopen(spec["counters_url"], timeout=5) as r:
-            return json.loads(r.read())["bytes_sent"]
+        return read_counters(spec["counters_url"])["bytes_sent"]
 
     def emit(op, t0, check, rep, sent0=None, needed=None):
         """One timed operation's line; `needed`: the bytes it moved, of all ranks (default the

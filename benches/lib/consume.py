@@ -29,9 +29,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 from measure import tree_pss_bytes
+from s3server import read_counters
 
 T_START = time.time()
 SPEC: dict = {}  # the run's spec (main() reads it from the command line)
@@ -238,8 +238,7 @@ def build(job: dict, local: str, shuffle: bool, workers: int):
 
 def counters() -> dict:
     try:
-        with urllib.request.urlopen(SPEC.get("counters_url") or SPEC["endpoint"] + "/_bench/counters", timeout=5) as r:
-            return json.loads(r.read())
+        return read_counters(SPEC.get("counters_url") or SPEC["endpoint"] + "/_bench/counters")
     except Exception:
         return {}
 

@@ -160,8 +160,7 @@ class S3Server:
         return self.endpoint + "/_bench/counters"
 
     def counters(self) -> dict:
-        with urllib.request.urlopen(self.counters_url, timeout=5) as r:
-            return json.loads(r.read())
+        return read_counters(self.counters_url)
 
     def reset(self) -> None:
         urllib.request.urlopen(urllib.request.Request(self.endpoint + "/_bench/reset", method="POST"), timeout=5).read()
@@ -262,6 +261,13 @@ def shutil_which(name: str) -> str | None:
     import shutil
 
     return shutil.which(name)
+
+
+def read_counters(url: str) -> dict:
+    """A server's counters (`bytes_sent`, ...) from their URL (`S3Server.counters_url`): what a child
+    process that has only the URL reads."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
 
 
 def delete_prefix(s3, bucket: str, prefix: str = "") -> None:
